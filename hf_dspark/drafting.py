@@ -1,0 +1,100 @@
+"""One drafting round: a single backbone pass over `[anchor, MASK x (B-1)]`, then sequential Markov sampling.
+
+Slot k predicts the token at p+k+1 ("anchor as first prediction"). Sampling goes left to right: l_k = U_k +
+bias(x_{k-1}), processed exactly like the target's logits, then argmax (greedy) or a draw from q_k. The
+confidence logit z_k sees h_k and W1[x_{k-1}], never x_k, so truncating on it is non-anticipating.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .kernels import markov_sample_block
+from .modeling import DSparkDrafter, KVCache
+from .processing import Processing
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # [N, B] drafted ids x_0..x_{B-1}
+    q: torch.Tensor | None  # [N, B, V] draft distributions (None when greedy: q is one-hot)
+    conf_logits: torch.Tensor | None  # [N, B] confidence logits z_k (None without a confidence head)
+
+
+def draft_block(
+    drafter: DSparkDrafter,
+    anchor: torch.Tensor,  # [N] last committed token per row
+    anchor_pos: torch.Tensor,  # [N] its absolute position p
+    ctx_kv: KVCache,  # per layer [N, Hk, C, D] context keys/values
+    ctx_valid: torch.Tensor,  # [N, C] bool, True where the context slot is a committed token
+    processing: Processing,
+    prefix: Callable[[int, torch.Tensor], torch.Tensor] | None = None,  # (row, drafts so far [k]) -> input_ids prefix
+    markov: bool = True,
+) -> Draft:
+    cfg = drafter.config
+    n, b = anchor.shape[0], cfg.block_size
+    block = torch.full((n, b), cfg.mask_token_id, dtype=torch.long, device=anchor.device)
+    block[:, 0] = anchor
+    positions = anchor_pos[:, None] + torch.arange(b, device=anchor.device)
+    mask = torch.cat(
+        [ctx_valid[:, None, None, :].expand(n, 1, b, -1), ctx_valid.new_ones((n, 1, b, b))], dim=-1
+    )  # [N, 1, B, C + B]
+    hidden = drafter.block_hidden(block, positions, ctx_kv, mask)  # [N, B, H]
+    base = drafter.base_logits(hidden).float()  # [N, B, V]
+    head = drafter.markov_head if markov else None
+    conf = drafter.confidence_head
+    conf_reads_w1 = conf is not None and conf.proj.in_features > cfg.hidden_size
+    fused = processing.temperature_only and (head.head_type == "vanilla" if head is not None else not conf_reads_w1)
+    if not fused:
+        return _sequential(drafter, base, hidden, anchor, processing, prefix, markov)
+
+    # vanilla head (or none) and at most a temperature: the fused sampler (Triton on CUDA, torch elsewhere)
+    temperature = 0.0
+    if processing.do_sample:
+        temperature = float(processing.processors[0].temperature) if processing.processors else 1.0
+    noise = torch.empty_like(base).exponential_() if temperature > 0 else None
+    tokens, q, conf_logits = markov_sample_block(
+        base,
+        hidden.float(),
+        anchor,
+        head.markov_w1.weight.float() if head is not None else None,
+        head.markov_w2.weight.float() if head is not None else None,
+        conf.proj.weight[0].float() if conf is not None else None,
+        conf.proj.bias.float() if conf is not None else None,
+        temperature,
+        noise,
+    )
+    return Draft(tokens, q, conf_logits)
+
+
+def _sequential(drafter, base, hidden, anchor, processing, prefix, markov) -> Draft:
+    """General path: any Markov head type and any logits processors (per-row prefixes)."""
+    n, b, _ = base.shape
+    prev, state = anchor, None
+    tokens, qs, confs = [], [], []
+    for k in range(b):
+        logits = base[:, k]
+        if markov:
+            latent, state = drafter.markov_latent(prev, hidden[:, k], state)
+            if latent is not None:
+                logits = logits + drafter.markov_bias(latent).float()
+        confs.append(drafter.confidence_logit(hidden[:, k], prev))
+        drafted = torch.stack(tokens, dim=1) if tokens else anchor.new_zeros((n, 0))
+        row_prefix = (lambda i, d=drafted: prefix(i, d[i])) if prefix is not None else None
+        scores = processing(logits, row_prefix)
+        if processing.do_sample:
+            q = torch.softmax(scores, dim=-1)
+            x = torch.multinomial(q, 1).squeeze(1)
+            qs.append(q)
+        else:
+            x = scores.argmax(dim=-1)
+        tokens.append(x)
+        prev = x
+    return Draft(
+        torch.stack(tokens, dim=1),
+        torch.stack(qs, dim=1) if qs else None,
+        torch.stack(confs, dim=1) if confs[0] is not None else None,
+    )

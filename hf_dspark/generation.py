@@ -1,0 +1,479 @@
+"""The one DSpark decoding loop (batch 1 is batch N with N = 1) and its transformers entry points.
+
+Per step, for the R rows still running:
+  draft      one drafter pass -> B drafts per row (+ q, + confidence logits)
+  policy     how many drafts l_r each row verifies (all / threshold / scheduler)
+  verify     one target forward over [anchor, x_0..x_{l_r-1}] per row (ragged: padded + per-row masks)
+  accept     greedy match or rejection sampling (SPEC section 3) on the flat ragged layout
+  commit     emit a_r + 1 tokens, cut at EOS / stop strings / max_new_tokens, drop finished rows
+  roll back  the target cache and the drafter's context cache keep the anchor + accepted drafts; rejected
+             entries become masked holes, cropped when common to all rows, compacted when they pile up.
+
+Entry points: `target.generate(**enc, custom_generate=hf_dspark.generate, drafter=d)` (official, patch-free),
+`target.generate(**enc, assistant_model=d)` (routed here by `install_assistant_route`, which intercepts only
+calls whose assistant is a `DSparkDrafter`), pipelines, and `custom_generate="<drafter folder or repo>"`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.generation.stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.utils import logging
+
+from .drafting import draft_block
+from .kernels import build_verify_inputs, gather_kv, rejection_sample
+from .modeling import DSparkDrafter
+from .processing import Processing
+from .scheduler import AdaptiveVerification, ConfidenceThreshold, FullBlock, VerifyPolicy
+from .step_table import load_or_profile
+
+logger = logging.get_logger(__name__)
+
+# compact caches once the longest row carries this many rejected holes
+COMPACT_HOLES = 32
+
+
+@dataclass
+class DSparkStats:
+    """Statistics of one generate call. Accepted lengths include the bonus/correction token (tau)."""
+
+    block_size: int
+    steps: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)  # per (row, step): a + 1
+    verified_lengths: list[int] = field(default_factory=list)  # per (row, step): drafts verified l
+    verified_per_step: list[float] = field(default_factory=list)  # mean drafts verified per request, per step
+    rows_per_step: list[int] = field(default_factory=list)
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    conf_logits: list[torch.Tensor] = field(default_factory=list)  # per step [R, B]
+    num_accepted: list[torch.Tensor] = field(default_factory=list)  # per step [R] accepted drafts
+    num_verified: list[torch.Tensor] = field(default_factory=list)  # per step [R]
+
+    @property
+    def verified_tokens(self) -> int:
+        return int(sum(self.verified_lengths))
+
+    @property
+    def accepted_tokens(self) -> int:
+        return int(sum(a - 1 for a in self.accepted_lengths))
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return sum(self.accepted_lengths) / max(1, len(self.accepted_lengths))
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """P(draft k accepted | drafts < k accepted and draft k verified), k = 0..B-1."""
+        out = []
+        for k in range(self.block_size):
+            tried = sum(1 for a, l in zip(self.accepted_lengths, self.verified_lengths) if a - 1 >= k and l > k)
+            ok = sum(1 for a in self.accepted_lengths if a - 1 >= k + 1)
+            out.append(ok / tried if tried else float("nan"))
+        return out
+
+    @property
+    def mean_verified_per_request(self) -> float:
+        return sum(self.verified_lengths) / max(1, len(self.verified_lengths))
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "mean_accepted_length": self.mean_accepted_length,
+            "per_position_acceptance": self.per_position_acceptance,
+            "verified_tokens": self.verified_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "mean_verified_per_request": self.mean_verified_per_request,
+            "draft_time_s": self.draft_time_s,
+            "verify_time_s": self.verify_time_s,
+        }
+
+
+@dataclass
+class DSparkGenerateOutput(GenerateDecoderOnlyOutput):
+    """`GenerateDecoderOnlyOutput` plus `dspark_stats`."""
+
+    dspark_stats: DSparkStats | None = None
+
+
+def _cache_kwarg(model: PreTrainedModel) -> str:
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _choose_policy(
+    model: PreTrainedModel,
+    drafter: DSparkDrafter,
+    verify_policy: VerifyPolicy | None,
+    confidence_threshold: float | None,
+    adaptive_verification: bool | None,
+    num_speculative_tokens: int | None,
+) -> VerifyPolicy:
+    """Explicit policy > static threshold > scheduler > full block (or the first num_speculative_tokens)."""
+    if verify_policy is not None:
+        return verify_policy
+    temps = (drafter.calibration or {}).get("temperatures")
+    if confidence_threshold is not None:
+        return ConfidenceThreshold(confidence_threshold, temperatures=temps)
+    if adaptive_verification is not False:
+        why = None
+        if drafter.confidence_head is None:
+            why = "the drafter has no confidence head"
+        elif adaptive_verification is None and temps is None:
+            why = "the drafter has no calibration.json"
+        else:
+            table = load_or_profile(
+                model,
+                drafter_repo=getattr(drafter, "name_or_path", None) or None,
+                target_id=str(model.name_or_path),
+                profile_if_missing=bool(adaptive_verification),
+            )
+            if table is None:
+                why = "no step table is cached for this device (profile one with `hf-dspark profile`)"
+            else:
+                return AdaptiveVerification(table, temperatures=temps)
+        if adaptive_verification:
+            raise ValueError(f"adaptive_verification=True cannot run: {why}.")
+        logger.info(f"hf_dspark: adaptive verification is off because {why}; verifying the full block.")
+    return FullBlock(num_speculative_tokens)
+
+
+@torch.no_grad()
+def generate(
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    logits_processor: Any = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    generation_config: Any = None,
+    synced_gpus: bool = False,
+    drafter: DSparkDrafter | None = None,
+    dspark_streamer: Any = None,
+    stop_strings: str | list[str] | None = None,
+    stop_tokenizer: Any = None,
+    num_speculative_tokens: int | None = None,
+    markov: bool = True,
+    confidence_threshold: float | None = None,
+    adaptive_verification: bool | None = None,
+    verify_policy: VerifyPolicy | None = None,
+    **model_kwargs: Any,
+) -> torch.LongTensor | DSparkGenerateOutput:
+    """DSpark speculative decoding; use as `model.generate(**enc, custom_generate=hf_dspark.generate, drafter=d)`.
+
+    Args:
+        drafter: a `DSparkDrafter` bound to `model` (`DSparkDrafter.from_pretrained(..., target=model)`).
+        num_speculative_tokens: verify at most this many of the B drafted tokens.
+        markov: False samples the block without the Markov head (pure DFlash on the same weights).
+        confidence_threshold: verify drafts while the calibrated confidence stays >= this value.
+        adaptive_verification: use the hardware-aware prefix scheduler (needs a step table; see step_table.py).
+        verify_policy: any `hf_dspark.scheduler.VerifyPolicy` (overrides the three options above).
+        dspark_streamer: a transformers streamer (`streamer=` is consumed by generate() before it reaches here).
+        stop_strings, stop_tokenizer: stop strings, cut at the exact stop point inside an accepted block
+            (generate() does not hand its tokenizer to a custom_generate callable, hence our own names).
+
+    Returns the sequences `[N, prompt + new]` (finished rows padded), or a `DSparkGenerateOutput` with
+    `dspark_stats` when `return_dict_in_generate=True`. The stats are also left on `drafter.last_stats`.
+    """
+    if drafter is None:
+        raise ValueError("hf_dspark.generate needs drafter=<DSparkDrafter>; load one with DSparkDrafter.from_pretrained(..., target=model).")
+    if not isinstance(drafter, DSparkDrafter):
+        drafter = _unwrap_peft(drafter)
+    drafter.require_target(model)
+    cfg = drafter.config
+    gen = generation_config
+    if getattr(gen, "num_beams", 1) > 1:
+        raise ValueError("DSpark speculative decoding does not support beam search; set num_beams=1.")
+    if num_speculative_tokens is not None and not 0 <= num_speculative_tokens <= cfg.block_size:
+        raise ValueError(
+            f"num_speculative_tokens={num_speculative_tokens} must be in [0, block_size={cfg.block_size}]; the drafter "
+            "always drafts its trained block."
+        )
+    cache_key = _cache_kwarg(model)
+    cache = model_kwargs.pop(cache_key, None)
+    model_kwargs.pop("past_key_values", None)
+    if cache is None:
+        cache = DynamicCache(config=model.config)
+    if not isinstance(cache, DynamicCache) or any(not isinstance(l, DynamicLayer) or getattr(l, "is_sliding", False) for l in cache.layers):
+        raise ValueError(
+            f"DSpark needs a dynamic cache, got {type(cache).__name__}; drop cache_implementation='static'/'sliding' "
+            "(per-row rollback needs a growable cache)."
+        )
+    if cache.get_seq_length() > 0:
+        raise ValueError("DSpark generation starts from an empty cache; do not pass a pre-filled past_key_values/cache.")
+    if input_ids.shape[1] == 0:
+        raise ValueError("The prompt is empty; give at least one token (e.g. the BOS token or a chat template).")
+    max_pos = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if max_pos is not None and input_ids.shape[1] >= max_pos:
+        raise ValueError(
+            f"The prompt has {input_ids.shape[1]} tokens but the target's context is {max_pos}; truncate the prompt."
+        )
+
+    device = input_ids.device
+    n_rows, prompt_len = input_ids.shape
+    attn = model_kwargs.pop("attention_mask", None)
+    attn = torch.ones_like(input_ids, dtype=torch.bool) if attn is None else attn.bool()
+    model_kwargs.pop("position_ids", None)
+    model_kwargs.pop("use_cache", None)
+    model_kwargs.pop("logits_to_keep", None)
+    max_length = int(gen.max_length) if gen.max_length is not None else prompt_len + 20
+    budget = max_length - prompt_len  # new tokens allowed per row
+    eos_ids = gen._eos_token_tensor if getattr(gen, "_eos_token_tensor", None) is not None else None
+    eos = set(eos_ids.flatten().tolist()) if eos_ids is not None else set()
+    pad_id = gen._pad_token_tensor if getattr(gen, "_pad_token_tensor", None) is not None else None
+    pad_id = int(pad_id) if pad_id is not None else (min(eos) if eos else 0)
+    other_criteria = [c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
+    if stop_strings is not None:
+        if stop_tokenizer is None:
+            raise ValueError("stop_strings needs the tokenizer: pass stop_tokenizer=tokenizer (or tokenizer= with assistant_model=).")
+        other_criteria.append(StopStringCriteria(stop_tokenizer, stop_strings))
+    processing = Processing(logits_processor, bool(gen.do_sample))
+    policy = _choose_policy(model, drafter, verify_policy, confidence_threshold, adaptive_verification, num_speculative_tokens)
+    policy.reset()
+    stats = DSparkStats(block_size=cfg.block_size)
+    streamer = dspark_streamer
+    if streamer is not None and n_rows > 1:
+        raise ValueError("Streaming supports one prompt at a time (like transformers' streamers); pass a single prompt.")
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+
+    generated: list[list[int]] = [[] for _ in range(n_rows)]
+    if budget <= 0:
+        return _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer)
+
+    # ---- prefill: target over the prompt -> first token, taps -> drafter context
+    positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
+    t0 = time.perf_counter()
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attn.long(),
+        position_ids=positions,
+        use_cache=True,
+        output_hidden_states=drafter.tap_hidden_state_ids,
+        **{cache_key: cache},
+        **model_kwargs,
+    )
+    prompt_rows = [input_ids[r] for r in range(n_rows)]
+    scores = processing(out.logits[:, -1].float(), lambda i: prompt_rows[i])
+    first = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1) if gen.do_sample else scores.argmax(-1)
+    taps = torch.cat([out.hidden_states[i] for i in drafter.tap_hidden_state_ids], dim=-1)
+    feats = drafter.context_features(taps)
+    ctx_kv = drafter.context_kv(feats, positions)
+    ctx_valid = attn.clone()  # [R, C] mirrors the target cache's validity
+    stats.verify_time_s += time.perf_counter() - t0
+
+    rows = torch.arange(n_rows, device=device)  # original row index of each active row
+    anchor = first
+    anchor_pos = attn.long().sum(-1)  # position of the anchor (first generated token) per row
+    active = _commit(generated, rows, [[int(t)] for t in first], eos, budget, other_criteria, prompt_rows, streamer)
+    rows, anchor, anchor_pos, cache, ctx_kv, ctx_valid = _select(active, rows, anchor, anchor_pos, cache, ctx_kv, ctx_valid)
+
+    while rows.numel() > 0:
+        n = rows.numel()
+        # ---- draft
+        t0 = time.perf_counter()
+        hist = [torch.tensor(generated[int(r)], dtype=torch.long, device=device) for r in rows]
+
+        def prefix(i: int, drafts: torch.Tensor, _rows=rows, _hist=hist) -> torch.Tensor:
+            return torch.cat([prompt_rows[int(_rows[i])], _hist[i], drafts])
+
+        draft = draft_block(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
+        stats.draft_time_s += time.perf_counter() - t0
+
+        # ---- how many drafts each row verifies (never more than the row can still emit)
+        t0 = time.perf_counter()
+        remaining = torch.tensor([budget - len(generated[int(r)]) for r in rows], device=device)
+        lengths = policy.lengths(draft.conf_logits, cfg.block_size, num_requests=n).to(device)
+        cap = (remaining - 1).clamp(min=0)
+        if num_speculative_tokens is not None:
+            cap = cap.clamp(max=num_speculative_tokens)
+        lengths = torch.minimum(lengths, cap)
+        width = int(lengths.max()) + 1
+
+        # ---- verify: one target forward over the ragged batch
+        verify_ids, verify_pos, valid = build_verify_inputs(anchor, draft.tokens, lengths, anchor_pos, pad_id)
+        mask = torch.cat([ctx_valid, valid], dim=1)
+        out = model(
+            input_ids=verify_ids,
+            attention_mask=mask.long(),
+            position_ids=verify_pos,
+            use_cache=True,
+            output_hidden_states=drafter.tap_hidden_state_ids,
+            **{cache_key: cache},
+            **model_kwargs,
+        )
+        logits = out.logits.float()  # [R, width, V]
+        flat_rows = torch.arange(n, device=device).repeat_interleave(lengths + 1)
+        flat_pos = torch.cat([torch.arange(int(l) + 1, device=device) for l in lengths])
+        flat_logits = logits[flat_rows, flat_pos]  # [T, V]
+        flat_prefix = lambda j: prefix(int(flat_rows[j]), draft.tokens[int(flat_rows[j]), : int(flat_pos[j])])
+        cu = torch.zeros(n + 1, dtype=torch.long, device=device)
+        cu[1:] = lengths.cumsum(0)
+        draft_ids = torch.cat([draft.tokens[i, : int(lengths[i])] for i in range(n)])
+        if gen.do_sample:
+            target_probs = processing.probs(flat_logits, flat_prefix if processing.reads_prefix else None)
+            draft_probs = torch.cat([draft.q[i, : int(lengths[i])] for i in range(n)]) if draft.q is not None else None
+            uniforms = torch.rand(draft_ids.shape[0], device=device)
+            noise = torch.empty((n, target_probs.shape[1]), device=device).exponential_()
+            emitted, num_acc = rejection_sample(target_probs, draft_ids, draft_probs, cu, uniforms, noise, greedy=False)
+        else:
+            scores = processing(flat_logits, flat_prefix if processing.reads_prefix else None)
+            emitted, num_acc = rejection_sample(scores, draft_ids, None, cu, None, None, greedy=True)
+        stats.verify_time_s += time.perf_counter() - t0
+
+        # ---- statistics
+        stats.steps += 1
+        stats.rows_per_step.append(n)
+        stats.verified_per_step.append(float(lengths.float().mean()))
+        stats.accepted_lengths.extend((num_acc + 1).tolist())
+        stats.verified_lengths.extend(lengths.tolist())
+        if draft.conf_logits is not None:
+            stats.conf_logits.append(draft.conf_logits.detach().cpu())
+            stats.num_accepted.append(num_acc.cpu())
+            stats.num_verified.append(lengths.cpu())
+
+        # ---- commit, then roll back caches to [anchor + accepted drafts] per row
+        chunks = [emitted[i, : int(num_acc[i]) + 1].tolist() for i in range(n)]
+        active = _commit(generated, rows, chunks, eos, budget, other_criteria, prompt_rows, streamer)
+        keep = torch.arange(width, device=device)[None, :] <= num_acc[:, None]  # [R, width]
+        taps = torch.cat([out.hidden_states[i] for i in drafter.tap_hidden_state_ids], dim=-1)
+        new_kv = drafter.context_kv(drafter.context_features(taps), verify_pos)
+        ctx_kv = [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(ctx_kv, new_kv)]
+        ctx_valid = torch.cat([ctx_valid, keep & valid], dim=1)
+        anchor = emitted[torch.arange(n, device=device), num_acc]
+        anchor_pos = anchor_pos + num_acc + 1
+        rows, anchor, anchor_pos, cache, ctx_kv, ctx_valid = _select(active, rows, anchor, anchor_pos, cache, ctx_kv, ctx_valid)
+        cache, ctx_kv, ctx_valid = _trim(cache, ctx_kv, ctx_valid)
+
+    return _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer)
+
+
+def _commit(generated, rows, chunks, eos, budget, criteria, prompt_rows, streamer) -> torch.Tensor:
+    """Append each row's emitted tokens, cut at EOS / max_new_tokens / other stopping criteria; -> still-active mask."""
+    active = []
+    for r, chunk in zip(rows.tolist(), chunks):
+        out = generated[r]
+        start, done = len(out), False
+        for tok in chunk:
+            out.append(tok)
+            done = tok in eos or len(out) >= budget
+            if not done and criteria:
+                seq = torch.cat([prompt_rows[r], torch.tensor(out, device=prompt_rows[r].device)])[None]
+                done = any(bool(c(seq, None).any()) for c in criteria)
+            if done:
+                break
+        if streamer is not None:
+            streamer.put(torch.tensor(out[start:]))
+        active.append(not done)
+    return torch.tensor(active, dtype=torch.bool, device=rows.device)
+
+
+def _select(active, rows, anchor, anchor_pos, cache, ctx_kv, ctx_valid):
+    """Drop finished rows from every piece of state (finished rows stop costing compute)."""
+    if bool(active.all()):
+        return rows, anchor, anchor_pos, cache, ctx_kv, ctx_valid
+    idx = active.nonzero().squeeze(1)
+    cache.batch_select_indices(idx)
+    ctx_kv = [(k[idx], v[idx]) for k, v in ctx_kv]
+    return rows[idx], anchor[idx], anchor_pos[idx], cache, ctx_kv, ctx_valid[idx]
+
+
+def _trim(cache: DynamicCache, ctx_kv, ctx_valid):
+    """Crop trailing holes common to all rows; compact when the longest row carries too many holes."""
+    if ctx_valid.shape[0] == 0:
+        return cache, ctx_kv, ctx_valid
+    valid_any = ctx_valid.any(0)
+    tail = int(ctx_valid.shape[1] - (valid_any.nonzero().max() + 1)) if valid_any.any() else 0
+    if tail > 0:
+        cache.crop(-tail)
+        ctx_kv = [(k[:, :, :-tail], v[:, :, :-tail]) for k, v in ctx_kv]
+        ctx_valid = ctx_valid[:, :-tail]
+    counts = ctx_valid.sum(1)
+    holes = ctx_valid.shape[1] - int(counts.min())
+    if holes - int(counts.max() - counts.min()) < COMPACT_HOLES and holes < 4 * COMPACT_HOLES:
+        return cache, ctx_kv, ctx_valid
+    # right-align each row's valid entries: keep_index [R, max_valid]
+    width = int(counts.max())
+    order = torch.sort(ctx_valid.long(), dim=1, stable=True).indices  # invalid first, valid (in order) last
+    keep = order[:, -width:]
+    ctx_valid = torch.gather(ctx_valid, 1, keep)
+    for layer in cache.layers:
+        layer.keys = gather_kv(layer.keys, keep)
+        layer.values = gather_kv(layer.values, keep)
+    ctx_kv = [(gather_kv(k, keep), gather_kv(v, keep)) for k, v in ctx_kv]
+    return cache, ctx_kv, ctx_valid
+
+
+def _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer):
+    if streamer is not None:
+        streamer.end()
+    width = max((len(g) for g in generated), default=0)
+    new = torch.full((len(generated), width), pad_id, dtype=torch.long, device=input_ids.device)
+    for r, g in enumerate(generated):
+        if g:
+            new[r, : len(g)] = torch.tensor(g, device=input_ids.device)
+    sequences = torch.cat([input_ids, new], dim=1)
+    drafter.last_stats = stats
+    if getattr(gen, "return_dict_in_generate", False):
+        return DSparkGenerateOutput(sequences=sequences, dspark_stats=stats)
+    return sequences
+
+
+def _unwrap_peft(drafter: Any) -> DSparkDrafter:
+    """Accept a PEFT-wrapped drafter (PeftModel around a DSparkDrafter); LoRA layers stay active."""
+    base = getattr(getattr(drafter, "base_model", None), "model", None)
+    if isinstance(base, DSparkDrafter):
+        return base
+    raise TypeError(f"drafter must be a DSparkDrafter (or a PEFT model wrapping one), got {type(drafter).__name__}.")
+
+
+# ---------------------------------------------------------------------------- assistant_model= routing
+_ORIGINAL_GENERATE = GenerationMixin.generate
+
+
+def _is_dspark(obj: Any) -> bool:
+    if isinstance(obj, DSparkDrafter):
+        return True
+    base = getattr(getattr(obj, "base_model", None), "model", None)
+    return isinstance(base, DSparkDrafter)
+
+
+@functools.wraps(_ORIGINAL_GENERATE)
+def _generate_with_dspark_route(self, *args: Any, **kwargs: Any):
+    assistant = kwargs.get("assistant_model")
+    if assistant is None or not _is_dspark(assistant):
+        return _ORIGINAL_GENERATE(self, *args, **kwargs)
+    if kwargs.get("custom_generate") is not None:
+        raise ValueError("Pass either assistant_model=<DSparkDrafter> or custom_generate=..., not both.")
+    drafter = kwargs.pop("assistant_model")
+    kwargs.pop("assistant_tokenizer", None)
+    # generate() does not forward these to a custom_generate callable: hand them over under our own names
+    kwargs["dspark_streamer"] = kwargs.pop("streamer", None)
+    kwargs["stop_tokenizer"] = kwargs.pop("tokenizer", None)
+    gen = kwargs.get("generation_config")
+    if kwargs.get("stop_strings") is None and gen is not None and getattr(gen, "stop_strings", None) is not None:
+        gen = gen.__class__.from_dict(gen.to_dict())
+        kwargs["stop_strings"], gen.stop_strings = gen.stop_strings, None
+        kwargs["generation_config"] = gen
+    return _ORIGINAL_GENERATE(self, *args, custom_generate=generate, drafter=drafter, **kwargs)
+
+
+def install_assistant_route() -> None:
+    """Route `generate(..., assistant_model=<DSparkDrafter>)` to the DSpark loop.
+
+    `GenerationMixin.generate` is wrapped once, at `import hf_dspark`. The wrapper looks only at
+    `assistant_model`: any other call (no assistant, or an assistant that is not a DSparkDrafter) goes to the
+    original method untouched. transformers' own assisted decoding refuses batches; this route supports them.
+    """
+    if GenerationMixin.generate is not _generate_with_dspark_route:
+        GenerationMixin.generate = _generate_with_dspark_route

