@@ -237,7 +237,7 @@ def generate(
         if stop_tokenizer is None:
             raise ValueError("stop_strings needs the tokenizer: pass stop_tokenizer=tokenizer (or tokenizer= with assistant_model=).")
         other_criteria.append(StopStringCriteria(stop_tokenizer, stop_strings))
-    processing = Processing(logits_processor, bool(gen.do_sample))
+    processing = Processing(logits_processor, bool(gen.do_sample), n_rows)
     policy = _choose_policy(model, drafter, verify_policy, confidence_threshold, adaptive_verification, num_speculative_tokens)
     policy.reset()
     stats = DSparkStats(block_size=cfg.block_size)
@@ -264,7 +264,7 @@ def generate(
         **model_kwargs,
     )
     prompt_rows = [input_ids[r] for r in range(n_rows)]
-    scores = processing(out.logits[:, -1].float(), lambda i: prompt_rows[i])
+    scores = processing(out.logits[:, -1].float(), lambda i: (i, prompt_rows[i]))
     first = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1) if gen.do_sample else scores.argmax(-1)
     taps = torch.cat([out.hidden_states[i] for i in drafter.tap_hidden_state_ids], dim=-1)
     feats = drafter.context_features(taps)
@@ -284,8 +284,9 @@ def generate(
         t0 = time.perf_counter()
         hist = [torch.tensor(generated[int(r)], dtype=torch.long, device=device) for r in rows]
 
-        def prefix(i: int, drafts: torch.Tensor, _rows=rows, _hist=hist) -> torch.Tensor:
-            return torch.cat([prompt_rows[int(_rows[i])], _hist[i], drafts])
+        def prefix(i: int, drafts: torch.Tensor, _rows=rows, _hist=hist) -> tuple[int, torch.Tensor]:
+            row = int(_rows[i])
+            return row, torch.cat([prompt_rows[row], _hist[i], drafts])
 
         draft = draft_block(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
         stats.draft_time_s += time.perf_counter() - t0

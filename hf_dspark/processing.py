@@ -3,7 +3,9 @@
 Plain `generate()` calls each processor with the whole `input_ids` of the step. In a speculative step every
 row sits at its own length and every verified position has its own prefix (committed tokens + drafts before
 it), so processors that read `input_ids` (repetition penalty, n-gram bans, min-length, ...) are called per
-(row, position) with that exact prefix. Processors that only look at the scores (temperature, top-k, top-p,
+(row, position) with that exact prefix. Such processors may keep per-row state sized for the original batch
+(e.g. `prompt_ignore_length`), so each call gets a full-size batch whose every row is that prefix, and we keep
+the row that belongs to it. Processors that only look at the scores (temperature, top-k, top-p,
 min-p, typical, epsilon, eta) are applied to all rows at once. Order is kept.
 """
 
@@ -37,8 +39,9 @@ SCORE_ONLY = (
 class Processing:
     """Turns raw logits into what plain decoding samples from (or takes the argmax of)."""
 
-    def __init__(self, logits_processor: LogitsProcessorList | None, do_sample: bool) -> None:
+    def __init__(self, logits_processor: LogitsProcessorList | None, do_sample: bool, batch_size: int = 1) -> None:
         self.processors = list(logits_processor or [])
+        self.batch_size = batch_size
         self.do_sample = do_sample
         self.reads_prefix = any(not isinstance(p, SCORE_ONLY) for p in self.processors)
         self.temperature_only = all(isinstance(p, TemperatureLogitsWarper) for p in self.processors)
@@ -46,7 +49,7 @@ class Processing:
     def __call__(
         self,
         scores: torch.Tensor,  # [M, V] float32 raw logits
-        prefix: Callable[[int], torch.Tensor] | None = None,  # row i -> its input_ids prefix [S_i]
+        prefix: Callable[[int], tuple[int, torch.Tensor]] | None = None,  # i -> (original row, input_ids prefix [S_i])
     ) -> torch.Tensor:  # [M, V] processed scores
         if not self.processors:
             return scores
@@ -55,10 +58,13 @@ class Processing:
             if isinstance(proc, SCORE_ONLY):
                 scores = proc(dummy, scores)
             else:
-                rows = [proc(prefix(i)[None], scores[i : i + 1]) for i in range(scores.shape[0])]
-                scores = torch.cat(rows, dim=0)
+                scores = torch.stack([self._row(proc, *prefix(i), scores[i]) for i in range(scores.shape[0])])
         return scores
 
-    def probs(self, scores: torch.Tensor, prefix: Callable[[int], torch.Tensor] | None = None) -> torch.Tensor:
+    def _row(self, proc, row: int, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        n = self.batch_size
+        return proc(ids[None].expand(n, -1), scores[None].expand(n, -1).clone())[row]
+
+    def probs(self, scores: torch.Tensor, prefix: Callable[[int], tuple[int, torch.Tensor]] | None = None) -> torch.Tensor:
         """[M, V] raw logits -> [M, V] sampling distribution."""
         return torch.softmax(self(scores, prefix), dim=-1)

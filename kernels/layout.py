@@ -136,7 +136,7 @@ def _gather_kv_triton(kv, keep_index):
     out = kv.new_empty((R, Hk, S_new, D))
     block_s = 64 if kv.is_cuda else 16
     _gather_kv_kernel[(R * Hk, triton.cdiv(S_new, block_s))](
-        kv, keep_index.contiguous(), out, Hk, S_new, D, kv.stride(0), kv.stride(1), kv.stride(2),
+        kv, keep_index.contiguous(), out, Hk, S, S_new, D, kv.stride(0), kv.stride(1), kv.stride(2),
         BLOCK_S=block_s, BLOCK_D=next_pow2(D))
     return out
 
@@ -194,7 +194,7 @@ if HAS_TRITON:
         kv_ptr,         # [R, Hk, S, D] (last dim contiguous)
         keep_ptr,       # [R, S_new]
         out_ptr,        # [R, Hk, S_new, D] out
-        Hk, S_new, D, stride_r, stride_h, stride_s,
+        Hk, S, S_new, D, stride_r, stride_h, stride_s,
         BLOCK_S: tl.constexpr,
         BLOCK_D: tl.constexpr,
     ):
@@ -206,8 +206,9 @@ if HAS_TRITON:
         i_ok = i < S_new
         src = tl.load(keep_ptr + r * S_new + i, mask=i_ok, other=0)
         mask = i_ok[:, None] & (d < D)[None, :]
+        src_ok = (src >= 0) & (src < S)          # a bad index (caught in debug mode) reads nothing
         base = r.to(tl.int64) * stride_r + h.to(tl.int64) * stride_h
-        vals = tl.load(kv_ptr + base + src[:, None] * stride_s + d[None, :], mask=mask)
+        vals = tl.load(kv_ptr + base + src[:, None] * stride_s + d[None, :], mask=mask & src_ok[:, None])
         tl.store(out_ptr + (rh.to(tl.int64) * S_new + i[:, None]) * D + d[None, :], vals, mask=mask)
 
     @triton.jit

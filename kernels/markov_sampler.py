@@ -184,7 +184,7 @@ def _markov_sample_triton(base_logits, hidden, anchor_ids, w1, w2, conf_weight, 
             BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_K=min(64, max(16, next_pow2(rank))))
         _markov_pick_kernel[(triton.cdiv(R, pick_rows),)](
             part_val, part_idx, part_max, part_sum, prev, w1, hidden, cw, bias, tokens, lse, conf,
-            R, B, k, n_vt, prev_stride, rank, H,
+            R, B, V, k, n_vt, prev_stride, rank, H,
             GREEDY=greedy, HAS_CONF=has_conf, MARKOV_CONF=markov_conf and has_markov,
             ROWS=pick_rows, BLOCK_T=min(512, next_pow2(n_vt)), BLOCK_H=256,
             BLOCK_K=max(16, next_pow2(rank)))
@@ -228,11 +228,12 @@ if HAS_TRITON:
         logits = tl.load(base_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_MARKOV:
             prev = tl.load(prev_ptr + rows * prev_stride, mask=row_ok, other=0)
+            prev_ok = row_ok & (prev >= 0) & (prev < V)      # a bad anchor (caught in debug mode) reads nothing
             acc = tl.zeros([BLOCK_R, BLOCK_V], dtype=tl.float32)
             for k0 in range(0, rank, BLOCK_K):
                 ks = k0 + tl.arange(0, BLOCK_K)
                 k_ok = ks < rank
-                e = tl.load(w1_ptr + prev[:, None] * rank + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                e = tl.load(w1_ptr + prev[:, None] * rank + ks[None, :], mask=prev_ok[:, None] & k_ok[None, :],
                             other=0.0)
                 w = tl.load(w2_ptr + cols[:, None].to(tl.int64) * rank + ks[None, :],
                             mask=col_ok[:, None] & k_ok[None, :], other=0.0)
@@ -271,7 +272,7 @@ if HAS_TRITON:
         tokens_ptr,     # [R, B] out
         lse_ptr,        # [R, B] out (sampled): log-sum-exp of logits / T
         conf_ptr,       # [R, B] out: confidence logits
-        R, B, k, n_vt, prev_stride, rank, H,
+        R, B, V, k, n_vt, prev_stride, rank, H,
         GREEDY: tl.constexpr,
         HAS_CONF: tl.constexpr,
         MARKOV_CONF: tl.constexpr,
@@ -322,9 +323,10 @@ if HAS_TRITON:
                 acc += tl.sum(h * tl.load(cw_ptr + hs, mask=h_ok, other=0.0)[None, :], 1)
             if MARKOV_CONF:
                 prev = tl.load(prev_ptr + rows * prev_stride, mask=row_ok, other=0)
+                prev_ok = row_ok & (prev >= 0) & (prev < V)
                 ks = tl.arange(0, BLOCK_K)
                 k_ok = ks < rank
-                e = tl.load(w1_ptr + prev[:, None] * rank + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                e = tl.load(w1_ptr + prev[:, None] * rank + ks[None, :], mask=prev_ok[:, None] & k_ok[None, :],
                             other=0.0).to(tl.float32)
                 acc += tl.sum(e * tl.load(cw_ptr + H + ks, mask=k_ok, other=0.0)[None, :], 1)
             tl.store(conf_ptr + out, acc + tl.load(bias_ptr), mask=row_ok)

@@ -223,9 +223,10 @@ if HAS_TRITON:
         valid = offs < n
         d = start + offs
         x = tl.load(draft_ids_ptr + d, mask=valid, other=0)
-        p_x = tl.load(target_probs_ptr + (d + r) * V + x, mask=valid, other=0.0).to(tl.float32)
+        in_vocab = valid & (x >= 0) & (x < V)      # a bad id (caught in debug mode) is rejected, never read
+        p_x = tl.load(target_probs_ptr + (d + r) * V + x, mask=in_vocab, other=0.0).to(tl.float32)
         if HAS_DRAFT_PROBS:
-            q_x = tl.load(draft_probs_ptr + d * V + x, mask=valid, other=1.0).to(tl.float32)
+            q_x = tl.load(draft_probs_ptr + d * V + x, mask=in_vocab, other=1.0).to(tl.float32)
         else:
             q_x = 1.0
         u = tl.load(uniforms_ptr + d, mask=valid, other=1.0).to(tl.float32)

@@ -1,4 +1,4 @@
-"""`hf-dspark make-data | train | calibrate | finetune`: argparse subcommands for the training package.
+"""`hf-dspark make-data | train | calibrate | finetune | eval-tau`: argparse subcommands for the training package.
 
 The top-level CLI calls `add_subcommands(subparsers)`; each subcommand sets `func(args) -> int`.
 Run one here with `python -m hf_dspark.training.cli <subcommand> ...`.
@@ -181,14 +181,174 @@ def _add_train(sub) -> None:
     p.set_defaults(func=_train)
 
 
+# ------------------------------------------------------------------------------------------- calibrate / eval-tau
+def _load_drafter(args, model):
+    from ..modeling import DSparkDrafter
+
+    drafter = DSparkDrafter.from_pretrained(args.drafter, target=model, dtype=model.dtype)
+    if getattr(args, "adapter", None):
+        from .peft import load_adapter
+
+        return load_adapter(drafter, args.adapter)
+    return drafter
+
+
+def _calibrate(args) -> int:
+    import json
+    from pathlib import Path
+
+    from ..calibration import fit_sts, plot_reliability, save_calibration
+    from .evaluate import heldout_prompts, measure
+
+    model, tok = _load(args)
+    drafter = _load_drafter(args, model)
+    if drafter.confidence_head is None:
+        raise SystemExit("This drafter has no confidence head (a DFlash drafter); there is nothing to calibrate.")
+    drafter.calibration = None  # collect raw logits
+    prompts = heldout_prompts(args.num_prompts, seed=args.seed) if args.prompts == "heldout" else None
+    if prompts is None:
+        from .data import read_prompts
+
+        prompts = read_prompts(args.prompts)[: args.num_prompts]
+    res = measure(drafter, model, tok, prompts, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    cal = fit_sts(res["conf_logits"], res["num_accepted"], res["num_verified"])
+    cal["source"] = {"prompts": args.prompts, "num_prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                     "tau": res["tau"], "dtype": args.dtype}
+    out = Path(args.out or Path(args.drafter) / "calibration.json")
+    save_calibration(cal, out)
+    plot_reliability(res["conf_logits"], res["num_accepted"], cal, out.with_name("reliability.png"))
+    print(json.dumps({k: v for k, v in cal.items() if k != "source"}, indent=1))
+    print(f"[calibrate] wrote {out} and {out.with_name('reliability.png')}")
+    return 0
+
+
+def _eval_tau(args) -> int:
+    import json
+
+    from ..io_utils import write_json_atomic
+    from .evaluate import eval_set, heldout_prompts, measure
+
+    model, tok = _load(args)
+    drafter = _load_drafter(args, model)
+    results = {}
+    for name in args.sets.split(","):
+        prompts = heldout_prompts(args.num_prompts) if name == "heldout" else eval_set(name, args.num_prompts)
+        res = measure(drafter, model, tok, prompts, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                      markov=not args.no_markov)
+        results[name] = {k: res[k] for k in ("tau", "per_position_acceptance", "steps", "num_prompts")}
+        print(f"[eval-tau] {name}: tau {res['tau']:.3f} over {res['steps']} steps; per position "
+              + " ".join(f"{x:.2f}" for x in res["per_position_acceptance"]))
+    results["settings"] = {"drafter": args.drafter, "adapter": args.adapter, "dtype": args.dtype, "greedy": True,
+                           "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
+                           "markov": not args.no_markov}
+    if args.out:
+        write_json_atomic(args.out, results)
+    print(json.dumps(results, indent=1))
+    return 0
+
+
+def _add_eval_common(p) -> None:
+    p.add_argument("--drafter", required=True, help="drafter folder (save_pretrained format) or Hub repo")
+    p.add_argument("--adapter", default=None, help="optional LoRA adapter folder from finetune")
+    _add_target(p)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_calibrate(sub) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="fit Sequential Temperature Scaling of the confidence head on held-out prompts",
+        description="Run drafter + target greedily on held-out prompts (full-block verification), collect "
+        "per-position confidence logits and prefix-acceptance labels, fit STS and write calibration.json "
+        "(temperatures; ECE/AUROC/Brier before and after) and reliability.png next to it.",
+    )
+    _add_eval_common(p)
+    p.add_argument("--prompts", default="heldout", help="'heldout' (ShareGPT prompts make-data never reaches) or a prompt file")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--out", default=None, help="default: <drafter>/calibration.json")
+    p.set_defaults(func=_calibrate)
+
+
+def _add_eval_tau(sub) -> None:
+    p = sub.add_parser(
+        "eval-tau",
+        help="measure tau (mean accepted length incl. bonus, greedy, full block) on eval sets",
+        description="Greedy DSpark decoding with full-block verification on the first N prompts of each set.",
+    )
+    _add_eval_common(p)
+    p.add_argument("--sets", default="gsm8k,humaneval,mtbench", help="comma list of gsm8k, humaneval, mtbench, heldout")
+    p.add_argument("--num-prompts", type=int, default=10)
+    p.add_argument("--no-markov", action="store_true", help="draft without the Markov head")
+    p.add_argument("--out", default=None, help="write the results as JSON")
+    p.set_defaults(func=_eval_tau)
+
+
+# ------------------------------------------------------------------------------------------- finetune (LoRA)
+def _finetune(args) -> int:
+    import time
+
+    from .data import TokenDataset
+    from .losses import LossWeights
+    from .peft import add_lora, save_adapter
+    from .trainer import TrainConfig, Trainer
+
+    model, tok = _load(args)
+    data = TokenDataset(args.data, model, tok)
+    from ..modeling import DSparkDrafter
+
+    base = DSparkDrafter.from_pretrained(args.drafter, target=model, dtype=model.dtype)
+    peft_model = add_lora(base, r=args.lora_r, alpha=args.lora_alpha)
+    peft_model.print_trainable_parameters()
+    cfg = TrainConfig(
+        data_dir=args.data, out_dir=args.out, max_steps=args.max_steps, num_anchors=args.num_anchors, lr=args.lr,
+        seed=args.seed, eval_every=args.eval_every, eval_sequences=args.eval_sequences,
+        checkpoint_minutes=args.checkpoint_minutes,
+        stop_at=time.time() + 60 * args.time_budget_min if args.time_budget_min else None,
+        losses=LossWeights() if base.markov_head is not None else LossWeights.dflash(),
+    )
+    trainer = Trainer(base, model, data, cfg, pad_id=tok.pad_token_id or 0,
+                      export=lambda out: save_adapter(peft_model, out / "adapter"))
+    last = trainer.run(progress=not args.no_progress)
+    print(f"[finetune] adapter in {args.out}/adapter; held-out tau_tf {last.get('eval_tau_tf')}")
+    return 0
+
+
+def _add_finetune(sub) -> None:
+    p = sub.add_parser(
+        "finetune",
+        help="LoRA fine-tune a trained drafter on a domain data directory (peft)",
+        description="LoRA (peft) on q/k/v/o, gate/up/down and fc of a trained drafter, trained with the same "
+        "online losses on a make-data directory of the domain. Writes <out>/adapter (load it with "
+        "hf_dspark.training.peft.load_adapter, or pass --adapter to eval-tau; merge with merge_and_unload).",
+    )
+    p.add_argument("--drafter", required=True)
+    p.add_argument("--data", required=True, help="domain data directory from make-data")
+    p.add_argument("--out", required=True)
+    _add_target(p)
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--lora-alpha", type=int, default=32)
+    p.add_argument("--max-steps", type=int, default=100)
+    p.add_argument("--time-budget-min", type=float, default=None)
+    p.add_argument("--num-anchors", type=int, default=128)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--eval-sequences", type=int, default=4)
+    p.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_finetune)
+
+
 def add_subcommands(subparsers) -> None:
-    """Register make-data, train, calibrate and finetune on an argparse `subparsers` object."""
+    """Register make-data, train, calibrate, finetune and eval-tau on an argparse `subparsers` object."""
     _add_make_data(subparsers)
     for extra in _EXTRA:
         extra(subparsers)
 
 
-_EXTRA: list = [_add_train]
+_EXTRA: list = [_add_train, _add_calibrate, _add_finetune, _add_eval_tau]
 
 
 def main(argv: list[str] | None = None) -> int:

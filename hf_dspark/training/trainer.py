@@ -131,8 +131,11 @@ class Trainer:
         config: TrainConfig,
         pad_id: int = 0,
         log=print,
+        export=None,
     ) -> None:
         self.drafter, self.target, self.data, self.cfg, self.log = drafter, target, dataset, config, log
+        # how the model is written next to each checkpoint (default: save_pretrained into <out>/drafter)
+        self.export = export or (lambda out: drafter.save_pretrained(str(out / "drafter")))
         self.pad_id = pad_id
         freeze_target(target)
         drafter.train()
@@ -241,7 +244,7 @@ class Trainer:
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
         return {
-            "drafter": {k: v for k, v in self.drafter.state_dict().items()},
+            "drafter": {n: p.detach().clone() for n, p in self.drafter.named_parameters() if p.requires_grad},
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
@@ -258,7 +261,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         with atomic_path(self.state_path) as tmp:
             torch.save(self.state_dict(), tmp)
-        self.drafter.save_pretrained(str(self.out / "drafter"))
+        self.export(self.out)
         write_json_atomic(self.out / "history.json", self.history)
 
     def load_checkpoint(self) -> bool:
@@ -273,7 +276,11 @@ class Trainer:
                 f"{self.state_path} was trained with --max-steps {state['train_config']['max_steps']}; "
                 "resume with the same value (the schedule depends on it) or use a new --out."
             )
-        self.drafter.load_state_dict(state["drafter"], strict=False)
+        result = self.drafter.load_state_dict(state["drafter"], strict=False)
+        if result.unexpected_keys:
+            raise ValueError(
+                f"{self.state_path} holds weights of another drafter ({result.unexpected_keys[:3]}...); use a new --out."
+            )
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         for k in ("step", "epoch", "cursor", "tokens_seen", "blocks_seen", "elapsed", "history"):

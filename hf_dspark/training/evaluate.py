@@ -1,0 +1,92 @@
+"""Held-out measurement with the real decoding loop: tau per eval set, and calibration data collection.
+
+`measure(drafter, target, tok, prompts)` runs `target.generate(custom_generate=hf_dspark.generate)` greedily,
+verifying the full block (no scheduler), and returns tau (mean accepted length incl. the bonus token), the
+per-position acceptance and the per-step confidence logits / accepted / verified counts for calibration.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from transformers import PreTrainedModel
+
+from ..modeling import DSparkDrafter
+from .data import decontaminate, eval_prompts, read_prompts
+
+EVAL_SETS = ("gsm8k", "humaneval", "mtbench")
+
+
+def chat_inputs(tokenizer, prompts: list[str]) -> dict[str, torch.Tensor]:
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False) for p in prompts]
+    return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+
+def heldout_prompts(n: int, seed: int = 0, source: str = "sharegpt") -> list[str]:
+    """Prompts never used by make-data runs with --max-prompts below len - n: the last n of the same seeded
+    shuffle make-data uses (after decontamination)."""
+    prompts, _ = decontaminate(read_prompts(source))
+    order = list(range(len(prompts)))
+    random.Random(seed).shuffle(order)
+    return [prompts[i] for i in order[-n:]]
+
+
+def eval_set(name: str, n: int) -> list[str]:
+    """The first n prompts of an evaluation set (gsm8k, humaneval, mtbench first turns)."""
+    sets = eval_prompts()
+    if name not in sets:
+        raise ValueError(f"Unknown eval set {name!r}; use one of {', '.join(sets)}.")
+    return sets[name][:n]
+
+
+@torch.no_grad()
+def measure(
+    drafter: DSparkDrafter | object,
+    target: PreTrainedModel,
+    tokenizer,
+    prompts: list[str],
+    max_new_tokens: int = 128,
+    batch_size: int = 1,
+    markov: bool = True,
+) -> dict:
+    """Greedy DSpark decoding over `prompts`; returns tau, per-position acceptance and calibration samples."""
+    import hf_dspark
+
+    accepted, verified_lens = [], []
+    conf, num_acc, num_ver = [], [], []
+    for i in range(0, len(prompts), batch_size):
+        enc = chat_inputs(tokenizer, prompts[i : i + batch_size])
+        target.generate(
+            **enc,
+            custom_generate=hf_dspark.generate,
+            drafter=drafter,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            adaptive_verification=False,
+            markov=markov,
+        )
+        base = drafter if isinstance(drafter, DSparkDrafter) else drafter.base_model.model
+        st = base.last_stats
+        accepted += st.accepted_lengths
+        verified_lens += st.verified_lengths
+        for c, a, v in zip(st.conf_logits, st.num_accepted, st.num_verified):
+            if c is not None:
+                conf.append(c.float().cpu())
+                num_acc.append(a.cpu())
+                num_ver.append(v.cpu())
+    b = (drafter if isinstance(drafter, DSparkDrafter) else drafter.base_model.model).config.block_size
+    per_pos = []
+    for k in range(b):
+        tried = sum(1 for a, l in zip(accepted, verified_lens) if a - 1 >= k and l > k)
+        ok = sum(1 for a in accepted if a - 1 >= k + 1)
+        per_pos.append(ok / tried if tried else float("nan"))
+    return {
+        "tau": sum(accepted) / max(1, len(accepted)),
+        "per_position_acceptance": per_pos,
+        "steps": len(accepted),
+        "num_prompts": len(prompts),
+        "conf_logits": torch.cat(conf) if conf else torch.zeros(0, b),
+        "num_accepted": torch.cat(num_acc) if num_acc else torch.zeros(0, dtype=torch.long),
+        "num_verified": torch.cat(num_ver) if num_ver else torch.zeros(0, dtype=torch.long),
+    }

@@ -1,0 +1,364 @@
+"""The DSpark decoding loop: exactness (greedy token-for-token, sampling in distribution), every entry point,
+stopping, streaming, statistics and bad input."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from conftest import make_tiny_drafter, make_tiny_target
+from scipy.stats import chisquare
+from transformers import pipeline
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
+
+import hf_dspark
+import hf_dspark.generation as G
+from hf_dspark.drafting import Draft
+from hf_dspark.scheduler import AdaptiveVerification, ConfidenceThreshold
+from hf_dspark.step_table import StepTimeTable
+
+
+def ragged_batch(vocab: int, lengths=(5, 9, 3, 12), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, n in enumerate(lengths):
+        ids[r, width - n :] = torch.randint(3, vocab - 1, (n,), generator=g)
+        mask[r, width - n :] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.fixture
+def oracle(monkeypatch):
+    """Replace the drafter's tokens by the reference continuation, corrupted at a random position.
+
+    Greedy output must not depend on what is drafted; near-perfect drafts exercise long accepted blocks, EOS
+    inside a block, per-row acceptance differences, cache holes and compaction.
+    """
+
+    def install(reference: torch.Tensor, seed: int = 0):
+        gen = torch.Generator().manual_seed(seed)
+        real = G.draft_block
+
+        def drafted(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov):
+            out = real(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
+            tokens = out.tokens.clone()
+            for i in range(tokens.shape[0]):
+                seq = prefix(i, tokens.new_zeros(0))[1]
+                for ref in reference:
+                    if ref.shape[0] > seq.shape[0] and torch.equal(ref[: seq.shape[0]], seq):
+                        cont = ref[seq.shape[0] : seq.shape[0] + tokens.shape[1]]
+                        tokens[i, : cont.shape[0]] = cont
+                        k = int(torch.randint(0, tokens.shape[1] + 3, (1,), generator=gen))
+                        if k < tokens.shape[1]:
+                            tokens[i, k] = (tokens[i, k] + 1) % drafter.config.vocab_size
+                        break
+            return Draft(tokens, out.q, out.conf_logits)
+
+        monkeypatch.setattr(G, "draft_block", drafted)
+
+    return install
+
+
+# ------------------------------------------------------------------------------------------------ greedy exactness
+@pytest.mark.parametrize("compact_holes", [32, 1])
+def test_greedy_identical_tiny_ragged_batch(tiny_target, tiny_drafter, oracle, monkeypatch, compact_holes):
+    monkeypatch.setattr(G, "COMPACT_HOLES", compact_holes)
+    enc = ragged_batch(256)
+    ref = tiny_target.generate(**enc, max_new_tokens=40, do_sample=False, eos_token_id=None)
+    for drafts in ("random", "oracle"):
+        if drafts == "oracle":
+            oracle(ref)
+        out = tiny_target.generate(**enc, max_new_tokens=40, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter)
+        assert torch.equal(out, ref), drafts
+        if drafts == "oracle":
+            assert tiny_drafter.last_stats.mean_accepted_length > 3.0
+
+
+def test_greedy_identical_with_processors(tiny_target, tiny_drafter, oracle):
+    """Processors that read input_ids (repetition penalty, no-repeat-ngram) see each row's exact prefix."""
+    enc = ragged_batch(256, seed=3)
+    kw = dict(max_new_tokens=30, do_sample=False, eos_token_id=None, repetition_penalty=1.3, no_repeat_ngram_size=3)
+    ref = tiny_target.generate(**enc, **kw)
+    oracle(ref)
+    out = tiny_target.generate(**enc, **kw, custom_generate=hf_dspark.generate, drafter=tiny_drafter)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.real
+def test_real_smollm2_every_entry_point(smollm2, oracle, tmp_path):
+    model, tok = smollm2
+    drafter = make_tiny_drafter(model, mask_token_id=16, markov_rank=32)
+    prompts = ["What is 12 * 7?", "Write a Python function that reverses a string.", "Hi!", "Name three colors of the rainbow."]
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in prompts]
+    kw = dict(max_new_tokens=24, do_sample=False)
+    for batch in (texts[:1], texts):
+        enc = tok(batch, return_tensors="pt", padding=True)
+        ref = model.generate(**enc, **kw)
+        assert torch.equal(model.generate(**enc, **kw, assistant_model=drafter), ref)
+        assert torch.equal(model.generate(**enc, **kw, custom_generate=hf_dspark.generate, drafter=drafter), ref)
+        oracle(ref, seed=len(batch))
+        assert torch.equal(model.generate(**enc, **kw, assistant_model=drafter), ref)
+        assert drafter.last_stats.mean_accepted_length > 3.0
+
+    # custom_generate from a drafter folder (the Hub-repo layout), trust_remote_code as transformers requires
+    drafter.save_pretrained(tmp_path / "drafter")
+    enc = tok(texts, return_tensors="pt", padding=True)
+    ref = model.generate(**enc, **kw)
+    out = model.generate(**enc, **kw, custom_generate=str(tmp_path / "drafter"), trust_remote_code=True, drafter=drafter)
+    assert torch.equal(out, ref)
+
+    # pipelines, batched
+    pipe = pipeline("text-generation", model=model, tokenizer=tok)
+    plain = pipe(texts, batch_size=2, **kw)
+    assisted = pipe(texts, batch_size=2, assistant_model=drafter, **kw)
+    custom = pipe(texts, batch_size=4, custom_generate=hf_dspark.generate, drafter=drafter, **kw)
+    assert plain == assisted == custom
+
+
+@pytest.mark.real
+def test_real_smollm2_stop_strings_cut_inside_block(smollm2, oracle):
+    model, tok = smollm2
+    drafter = make_tiny_drafter(model, mask_token_id=16, markov_rank=32)
+    text = tok.apply_chat_template([{"role": "user", "content": "Count from one to twenty in words."}], tokenize=False, add_generation_prompt=True)
+    enc = tok([text], return_tensors="pt")
+    full = model.generate(**enc, max_new_tokens=40, do_sample=False)
+    generated = tok.decode(full[0, enc["input_ids"].shape[1] :])
+    stop = generated.split()[4]  # a word that appears a few tokens in
+    ref = model.generate(**enc, max_new_tokens=40, do_sample=False, stop_strings=[stop], tokenizer=tok)
+    oracle(full)
+    out = model.generate(**enc, max_new_tokens=40, do_sample=False, stop_strings=[stop], tokenizer=tok, assistant_model=drafter)
+    assert torch.equal(out, ref)
+    assert tok.decode(out[0, enc["input_ids"].shape[1] :]).endswith(stop)
+    assert drafter.last_stats.mean_accepted_length > 2.0
+
+
+# ------------------------------------------------------------------------------------------------ stopping
+def test_eos_inside_accepted_block_and_rows_finish_at_different_steps(tiny_target, tiny_drafter, oracle):
+    enc = ragged_batch(256, seed=1)
+    free = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    eos = int(free[1, enc["input_ids"].shape[1] + 9])  # row 1 emits it 10 tokens in
+    ref = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=eos)
+    oracle(free)
+    out = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=eos, assistant_model=tiny_drafter)
+    assert torch.equal(out, ref)
+    new = out[:, enc["input_ids"].shape[1] :]
+    ended = [(row == eos).nonzero()[0].item() if (row == eos).any() else None for row in new]
+    assert ended[1] is not None and ended[1] <= 9
+    assert len(set(ended)) > 1  # rows stop at different steps
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 13])
+def test_max_new_tokens_exact_for_every_row(tiny_target, tiny_drafter, oracle, max_new_tokens):
+    enc = ragged_batch(256, seed=2)
+    ref = tiny_target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None)
+    oracle(ref)
+    out = tiny_target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter)
+    assert torch.equal(out, ref)
+    assert out.shape[1] - enc["input_ids"].shape[1] == max_new_tokens
+    assert tiny_drafter.last_stats.verified_tokens <= 4 * max(0, max_new_tokens - 1) * tiny_drafter.config.block_size
+
+
+def test_streamer_receives_exactly_the_final_tokens(tiny_target, tiny_drafter, oracle):
+    class Collect:
+        def __init__(self):
+            self.chunks, self.ended = [], False
+
+        def put(self, value):
+            self.chunks.append(value.flatten().tolist())
+
+        def end(self):
+            self.ended = True
+
+    enc = ragged_batch(256, lengths=(7,), seed=4)
+    free = tiny_target.generate(**enc, max_new_tokens=25, do_sample=False, eos_token_id=None)
+    eos = int(free[0, 7 + 17])
+    oracle(free)
+    streamer = Collect()
+    out = tiny_target.generate(**enc, max_new_tokens=25, do_sample=False, eos_token_id=eos, assistant_model=tiny_drafter, streamer=streamer)
+    assert streamer.ended
+    assert streamer.chunks[0] == enc["input_ids"][0].tolist()
+    assert list(itertools.chain(*streamer.chunks[1:])) == out[0, 7:].tolist()
+    assert any(len(c) > 1 for c in streamer.chunks[1:])  # whole accepted blocks arrive at once
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def test_statistics_reported(tiny_target, tiny_drafter, oracle):
+    enc = ragged_batch(256, seed=5)
+    ref = tiny_target.generate(**enc, max_new_tokens=20, do_sample=False, eos_token_id=None)
+    oracle(ref)
+    out = tiny_target.generate(
+        **enc, max_new_tokens=20, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, return_dict_in_generate=True
+    )
+    stats = out.dspark_stats
+    assert stats is tiny_drafter.last_stats
+    assert torch.equal(out.sequences, ref)
+    assert stats.steps > 0 and 1.0 <= stats.mean_accepted_length <= 8.0
+    assert len(stats.per_position_acceptance) == 7
+    assert stats.verified_tokens >= stats.accepted_tokens > 0
+    # every generated token is either an accepted draft or one bonus/correction token per (row, step), plus the prefill token
+    assert stats.accepted_tokens + len(stats.accepted_lengths) + 4 == 4 * 20
+    summary = stats.summary()
+    for key in ("mean_accepted_length", "per_position_acceptance", "verified_tokens", "accepted_tokens", "steps"):
+        assert key in summary
+
+
+def test_num_speculative_tokens_and_threshold_limit_verification(tiny_target, tiny_drafter):
+    enc = ragged_batch(256, seed=6)
+    ref = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    out = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, num_speculative_tokens=2)
+    assert torch.equal(out, ref)
+    assert max(tiny_drafter.last_stats.verified_lengths) <= 2
+    out = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, confidence_threshold=0.999)
+    assert torch.equal(out, ref)
+    out = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, markov=False)
+    assert torch.equal(out, ref)
+
+
+# ------------------------------------------------------------------------------------------------ sampling exactness
+V_SMALL, N_TOKENS, SAMPLES = 6, 3, 6000
+
+
+def exact_joint(model, prompt: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
+    """P(x1, x2, x3 | prompt) of plain sampling with the same warpers, over all V^3 continuations."""
+    warp = [TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k)]
+    seqs = torch.tensor(list(itertools.product(range(V_SMALL), repeat=N_TOKENS)))
+    full = torch.cat([prompt.expand(seqs.shape[0], -1), seqs], dim=1)
+    with torch.no_grad():
+        logits = model(full).logits[:, prompt.shape[1] - 1 : -1].float()
+    logp = torch.zeros(seqs.shape[0])
+    for k in range(N_TOKENS):
+        scores = logits[:, k]
+        for w in warp:
+            scores = w(full, scores)
+        logp += torch.log_softmax(scores, -1).gather(1, seqs[:, k : k + 1]).squeeze(1)
+    return logp.exp()
+
+
+def sample_counts(model, prompt, **kw) -> torch.Tensor:
+    torch.manual_seed(1234)
+    ids = prompt.expand(SAMPLES, -1).contiguous()
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_TOKENS, do_sample=True, temperature=0.8, top_k=4, **kw)
+    cells = (out[:, -N_TOKENS:] * torch.tensor([V_SMALL**2, V_SMALL, 1])).sum(1)
+    return torch.bincount(cells, minlength=V_SMALL**N_TOKENS).float()
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    big = expected >= 5
+    obs, exp = counts[big], expected[big]
+    if expected[~big].sum() > 0:  # lump the rare cells into one
+        obs = torch.cat([obs, counts[~big].sum(0, keepdim=True)])
+        exp = torch.cat([exp, expected[~big].sum(0, keepdim=True)])
+    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+
+
+@pytest.fixture(scope="module")
+def small_vocab():
+    target = make_tiny_target(seed=7, vocab_size=V_SMALL, eos_token_id=None, pad_token_id=0, bos_token_id=None)
+    drafter = make_tiny_drafter(target, seed=8, mask_token_id=V_SMALL - 1, markov_rank=4)
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    return target, drafter, prompt, exact_joint(target, prompt, 0.8, 4)
+
+
+@pytest.mark.parametrize("policy", ["full", "threshold", "adaptive"])
+def test_sampling_matches_target_distribution(small_vocab, policy):
+    target, drafter, prompt, probs = small_vocab
+    kw = {}
+    if policy == "threshold":
+        kw["confidence_threshold"] = 0.5
+    elif policy == "adaptive":
+        table = StepTimeTable([1, 2048, 8192, 16384], [100.0, 80.0, 30.0, 10.0], 65536, {})
+        kw["verify_policy"] = AdaptiveVerification(table, staleness=1)
+    counts = sample_counts(target, prompt, assistant_model=drafter, **kw)
+    assert chi_square_pvalue(counts, probs) > 1e-3
+    assert drafter.last_stats.accepted_tokens > 0  # the verifier really accepted drafts
+
+
+def test_sampling_test_catches_a_wrong_verifier(small_vocab, monkeypatch):
+    target, drafter, prompt, probs = small_vocab
+    real = G.rejection_sample
+
+    def accept_everything(target_probs, draft_ids, draft_probs, cu, uniforms, noise, greedy):
+        return real(target_probs, draft_ids, draft_probs, cu, torch.zeros_like(uniforms), noise, greedy)
+
+    monkeypatch.setattr(G, "rejection_sample", accept_everything)
+    counts = sample_counts(target, prompt, assistant_model=drafter)
+    assert chi_square_pvalue(counts, probs) < 1e-6
+
+
+def test_plain_sampling_passes_the_same_test(small_vocab):
+    target, _, prompt, probs = small_vocab
+    assert chi_square_pvalue(sample_counts(target, prompt), probs) > 1e-3
+
+
+def test_num_return_sequences_with_sampling(tiny_target, tiny_drafter):
+    enc = ragged_batch(256, lengths=(4, 6))
+    out = tiny_target.generate(**enc, max_new_tokens=5, do_sample=True, num_return_sequences=3, assistant_model=tiny_drafter)
+    assert out.shape == (6, 6 + 5)
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def test_drafter_bound_to_another_target(tiny_target):
+    other = make_tiny_target(seed=1)
+    drafter = make_tiny_drafter(other)
+    enc = ragged_batch(256, lengths=(4,))
+    with pytest.raises(ValueError, match="bound to a different target"):
+        tiny_target.generate(**enc, max_new_tokens=3, assistant_model=drafter)
+
+
+def test_unbound_drafter_binds_to_the_calling_target(tiny_target):
+    from hf_dspark import DSparkConfig, DSparkDrafter
+
+    drafter = DSparkDrafter(DSparkConfig.from_target(tiny_target.config, mask_token_id=255, markov_rank=8))
+    enc = ragged_batch(256, lengths=(4,))
+    ref = tiny_target.generate(**enc, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    assert torch.equal(tiny_target.generate(**enc, max_new_tokens=6, do_sample=False, eos_token_id=None, assistant_model=drafter), ref)
+    assert drafter.target is tiny_target
+
+
+def test_vocab_mismatch_is_refused(tiny_target):
+    drafter = make_tiny_drafter(make_tiny_target(vocab_size=300), mask_token_id=299)
+    drafter._target = None
+    with pytest.raises(ValueError, match="vocab_size"):
+        tiny_target.generate(**ragged_batch(256, lengths=(4,)), max_new_tokens=3, assistant_model=drafter)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_beams=2), "beam search"),
+        (dict(cache_implementation="static"), "dynamic cache"),
+        (dict(num_speculative_tokens=9), "num_speculative_tokens"),
+    ],
+)
+def test_unsupported_settings_are_refused(tiny_target, tiny_drafter, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_target.generate(**ragged_batch(256, lengths=(4,)), max_new_tokens=3, assistant_model=tiny_drafter, **kwargs)
+
+
+def test_prompt_longer_than_context_is_refused(tiny_target, tiny_drafter):
+    ids = torch.randint(3, 200, (1, 600))
+    with pytest.raises(ValueError, match="context"):
+        tiny_target.generate(input_ids=ids, max_new_tokens=3, assistant_model=tiny_drafter)
+
+
+def test_empty_prompt_is_refused(tiny_target, tiny_drafter):
+    ids = torch.zeros((1, 0), dtype=torch.long)
+    with pytest.raises(ValueError):
+        tiny_target.generate(input_ids=ids, max_new_tokens=3, custom_generate=hf_dspark.generate, drafter=tiny_drafter, bos_token_id=None)
+
+
+def test_missing_drafter_is_refused(tiny_target):
+    with pytest.raises(ValueError, match="drafter="):
+        tiny_target.generate(**ragged_batch(256, lengths=(4,)), max_new_tokens=3, custom_generate=hf_dspark.generate)
+
+
+def test_other_calls_are_untouched(tiny_target):
+    """The assistant_model route only intercepts DSpark drafters: plain and prompt-lookup generation still run."""
+    enc = ragged_batch(256, lengths=(6,))
+    plain = tiny_target.generate(**enc, max_new_tokens=5, do_sample=False, eos_token_id=None)
+    lookup = tiny_target.generate(**enc, max_new_tokens=5, do_sample=False, eos_token_id=None, prompt_lookup_num_tokens=3)
+    assert torch.equal(plain, lookup)
