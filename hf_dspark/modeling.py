@@ -341,12 +341,14 @@ class DSparkDrafter(PreTrainedModel):
 
     def block_hidden(
         self,
-        block_ids: torch.Tensor,  # [N, Q] anchors and MASK tokens
+        block_ids: torch.Tensor | None,  # [N, Q] anchors and MASK tokens (or pass inputs_embeds)
         positions: torch.Tensor,  # [N, Q] absolute positions of the block slots
         ctx_kv: KVCache,  # per layer [N, Hk, C, D]
         mask: torch.Tensor,  # [N, 1, Q, C + Q] bool, True = visible
+        inputs_embeds: torch.Tensor | None = None,  # [N, Q, H] instead of block_ids
     ) -> torch.Tensor:  # [N, Q, H] final-normed hidden states h_k
-        x = self.input_embeddings()(block_ids).to(self.fc.weight.dtype)
+        x = inputs_embeds if inputs_embeds is not None else self.input_embeddings()(block_ids)
+        x = x.to(self.fc.weight.dtype)
         cos, sin = self.rotary(positions, x.dtype)
         # a query that sees nothing (a padding block) attends everywhere instead of producing NaN; its output is unused
         mask = mask | ~mask.any(dim=-1, keepdim=True)

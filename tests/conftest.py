@@ -3,6 +3,11 @@
 import importlib.util
 import os
 
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run in the interpreter on CPU; set before triton imports
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest

@@ -237,7 +237,7 @@ def _eval_tau(args) -> int:
                       markov=not args.no_markov)
         results[name] = {k: res[k] for k in ("tau", "per_position_acceptance", "steps", "num_prompts")}
         print(f"[eval-tau] {name}: tau {res['tau']:.3f} over {res['steps']} steps; per position "
-              + " ".join(f"{x:.2f}" for x in res["per_position_acceptance"]))
+              + " ".join("-" if x is None else f"{x:.2f}" for x in res["per_position_acceptance"]))
     results["settings"] = {"drafter": args.drafter, "adapter": args.adapter, "dtype": args.dtype, "greedy": True,
                            "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
                            "markov": not args.no_markov}

@@ -80,7 +80,7 @@ def measure(
     for k in range(b):
         tried = sum(1 for a, l in zip(accepted, verified_lens) if a - 1 >= k and l > k)
         ok = sum(1 for a in accepted if a - 1 >= k + 1)
-        per_pos.append(ok / tried if tried else float("nan"))
+        per_pos.append(ok / tried if tried else None)  # None: never reached (JSON null)
     return {
         "tau": sum(accepted) / max(1, len(accepted)),
         "per_position_acceptance": per_pos,

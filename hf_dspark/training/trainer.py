@@ -77,6 +77,11 @@ def build_drafter(target: PreTrainedModel, tokenizer, **config_kwargs) -> DSpark
     """A fresh drafter for `target` (config from `DSparkConfig.from_target`), bound and in the target's dtype."""
     cfg = DSparkConfig.from_target(target.config, tokenizer=tokenizer, **config_kwargs)
     drafter = DSparkDrafter(cfg).to(target.dtype)
+    # start the final norm at the target's, so h_k -> lm_head logits have the target's scale from step 0
+    final_norm = getattr(target.get_decoder(), "norm", None)
+    if final_norm is not None and getattr(final_norm, "weight", None) is not None and final_norm.weight.shape == drafter.norm.weight.shape:
+        with torch.no_grad():
+            drafter.norm.weight.copy_(final_norm.weight)
     return drafter.bind(target)
 
 
@@ -89,7 +94,7 @@ def drafter_step_outputs(
     weights: LossWeights,
     cached: tuple[torch.Tensor, torch.Tensor] | None = None,  # taps [N, T, m*H], final [N, T, H]
 ) -> tuple[dict[str, torch.Tensor], PackedBlocks, torch.Tensor]:
-    """The training forward: returns (loss dict, packed blocks, greedy match [N*A, B] bool)."""
+    """The training forward: returns (loss dict, packed blocks, greedy match with the target [N*A, B] bool)."""
     cfg = drafter.config
     if cached is None:
         taps, final = target_hidden(target, input_ids, drafter.tap_hidden_state_ids)
@@ -106,17 +111,21 @@ def drafter_step_outputs(
     if drafter.markov_head is not None:
         draft = draft + drafter.markov_head.block_bias(packed.prev_ids, hidden).float()
     conf = drafter.confidence_logit(hidden, packed.prev_ids)
-    need_target = weights.l1 or weights.bce or True  # target logits also give the acceptance estimate
     target_logits = None
-    if need_target:
-        with torch.no_grad():
-            fin = final.gather(1, packed.target_pos.view(n, -1, 1).expand(-1, -1, final.shape[-1]))
-            target_logits = drafter.base_logits(fin).float().view(n, a, b, -1)
+    if weights.l1 or weights.bce:
+        with torch.no_grad():  # target logits once per distinct position (overlapping blocks share them)
+            lin = (torch.arange(n, device=final.device)[:, None, None] * t + packed.target_pos).view(-1)
+            uniq, inverse = torch.unique(lin, return_inverse=True)
+            fin = final.reshape(n * t, -1)[uniq]
+            target_logits = drafter.base_logits(fin).float()[inverse].view(n, a, b, -1)
     flat = lambda x: None if x is None else x.reshape(n * a, b, *x.shape[3:])  # noqa: E731
     out = dspark_losses(
         flat(draft), flat(target_logits), flat(packed.labels), flat(packed.valid), flat(conf), weights
     )
-    match = (flat(draft).argmax(-1) == flat(target_logits).argmax(-1)).detach()
+    # greedy agreement with the target (CE-only runs skip the target logits: the labels are the target's greedy
+    # tokens on greedy self-distilled data)
+    reference = flat(target_logits).argmax(-1) if target_logits is not None else flat(packed.labels)
+    match = (flat(draft).argmax(-1) == reference).detach()
     return out, packed, match
 
 
@@ -202,10 +211,10 @@ class Trainer:
         self.blocks_seen += int(packed.valid[..., 0].sum())
         valid = packed.valid.reshape(match.shape)
         return {
-            "loss": float(out["loss"]),
-            "ce": float(out["ce"]),
-            "l1": float(out["l1"]),
-            "bce": float(out["bce"]),
+            "loss": float(out["loss"].detach()),
+            "ce": float(out["ce"].detach()),
+            "l1": float(out["l1"].detach()),
+            "bce": float(out["bce"].detach()),
             "accept": float(out["soft_accept"]),
             "match": float(out["greedy_match"]),
             "tau_tf": expected_tau(match, valid),
@@ -297,7 +306,9 @@ class Trainer:
             self.log(f"[train] resumed at step {self.step} (epoch {self.epoch}, cursor {self.cursor})")
         bar = tqdm(total=self.cfg.max_steps, initial=self.step, disable=not progress, dynamic_ncols=True)
         last_ckpt = time.time()
-        ema = None
+        ema, stats = None, {}
+        if not self.history and self.cfg.eval_every:
+            self._record({})  # the untrained drafter: the learning curve starts at 0 tokens
         while self.step < self.cfg.max_steps:
             if self.cfg.stop_at is not None and time.time() >= self.cfg.stop_at:
                 self.log(f"[train] stop_at reached at step {self.step}; checkpoint saved")
@@ -320,7 +331,7 @@ class Trainer:
                     self.log(f"[train] step {self.step}: loss {stats['loss']:.4f}, checkpoint saved")
         bar.close()
         if not self.history or self.history[-1]["step"] != self.step:
-            self._record(stats if self.step else {})
+            self._record(stats)
         self.save_checkpoint()
         return self.history[-1]
 

@@ -1,0 +1,332 @@
+"""Side-by-side benchmark: plain generate(), transformers' prompt lookup and native DFlash, and our loop
+(DFlash = Markov off, DSpark = full block, DSpark + scheduler), in one process, same target, prompts, dtype.
+
+    hf-dspark bench --prompts gsm8k --n 8 --batch-sizes 1,4,16 --json bench.json --plots plots/
+
+Every contender runs the same batches; tokens/s is the median over `--repeats` timed passes after one warm-up
+pass; speedups are against `plain` measured in the same run; `identical_to_plain` compares greedy outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+CONTENDERS = ("plain", "prompt_lookup", "hf_dflash", "dflash", "dspark", "dspark_adaptive")
+PROMPT_SETS = ("gsm8k", "humaneval", "mtbench")
+BATCH_1_ONLY = {
+    "prompt_lookup": "transformers' assisted decoding refuses batches ('assisted generate is only supported for batch_size = 1')",
+    "hf_dflash": "transformers' native DFlash runs through assisted decoding, which refuses batch_size > 1",
+}
+
+
+@dataclass
+class Record:
+    contender: str
+    prompt_set: str
+    batch_size: int
+    supported: bool = True
+    reason: str = ""
+    tokens_per_s: float = float("nan")
+    speedup_vs_plain: float = float("nan")
+    mean_accepted_length: float = float("nan")
+    per_position_acceptance: list[float] = field(default_factory=list)
+    verified_drafts_per_request: float = float("nan")
+    identical_to_plain: bool | None = None
+    new_tokens: int = 0
+    repeats_s: list[float] = field(default_factory=list)
+
+
+def load_prompts(spec: str, n: int) -> list[str]:
+    """A builtin set name (gsm8k | humaneval | mtbench) or a JSONL file with a text field."""
+    from .training.data import eval_prompts, read_prompts
+
+    if spec in PROMPT_SETS:
+        prompts = eval_prompts()[spec]
+    elif Path(spec).is_file():
+        prompts = read_prompts(spec, fmt="jsonl")
+    else:
+        raise ValueError(f"Unknown prompt set {spec!r}; use one of {', '.join(PROMPT_SETS)} or a .jsonl file with a text field.")
+    if not prompts:
+        raise ValueError(f"{spec} has no usable prompts.")
+    return [prompts[i % len(prompts)] for i in range(n)]
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        raise ValueError(f"--batch-sizes must be comma-separated positive integers, got {text!r}.") from err
+    if not sizes or any(s <= 0 for s in sizes):
+        raise ValueError(f"--batch-sizes must be comma-separated positive integers, got {text!r}.")
+    return sizes
+
+
+def parse_contenders(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in CONTENDERS]
+    if bad or not names:
+        raise ValueError(f"Unknown contender(s) {bad or text!r}; choose from {', '.join(CONTENDERS)}.")
+    return ["plain"] + [x for x in names if x != "plain"]  # plain always runs: it is the reference
+
+
+def _new_token_count(sequences: torch.Tensor, prompt_len: int, eos: set[int]) -> int:
+    total = 0
+    for row in sequences[:, prompt_len:].tolist():
+        n = len(row)
+        for i, tok in enumerate(row):
+            if tok in eos:
+                n = i + 1
+                break
+        total += n
+    return total
+
+
+class Bench:
+    def __init__(self, model, tokenizer, drafter, dflash_drafter=None, max_new_tokens: int = 128) -> None:
+        self.model, self.tok, self.drafter = model, tokenizer, drafter
+        self.dflash_drafter = dflash_drafter
+        self.max_new_tokens = max_new_tokens
+        eos = model.generation_config.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [eos])
+        self._table = None
+
+    def encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        texts = [self.tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in prompts]
+        return self.tok(texts, return_tensors="pt", padding=True).to(self.model.device)
+
+    def runner(self, contender: str) -> Callable[[dict], Any]:
+        m, kw = self.model, dict(max_new_tokens=self.max_new_tokens, do_sample=False)
+        if contender == "plain":
+            return lambda enc: m.generate(**enc, **kw)
+        if contender == "prompt_lookup":
+            return lambda enc: m.generate(**enc, **kw, prompt_lookup_num_tokens=10)
+        if contender == "hf_dflash":
+            from .native_dflash import NativeDFlashAssistant
+
+            assistant = NativeDFlashAssistant(self.dflash_drafter or self.drafter)
+            return lambda enc: m.generate(**enc, **kw, assistant_model=assistant, speculation_type="dflash")
+        if contender == "dflash":
+            d = self.dflash_drafter or self.drafter
+            return lambda enc: m.generate(**enc, **kw, assistant_model=d, markov=False, adaptive_verification=False)
+        if contender == "dspark":
+            return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, adaptive_verification=False)
+        if contender == "dspark_adaptive":
+            from .scheduler import AdaptiveVerification
+
+            temps = (self.drafter.calibration or {}).get("temperatures")
+            table = self.step_table()
+            return lambda enc: m.generate(
+                **enc, **kw, assistant_model=self.drafter, verify_policy=AdaptiveVerification(table, temperatures=temps)
+            )
+        raise ValueError(contender)
+
+    def step_table(self):
+        if self._table is None:
+            from .step_table import load_or_profile
+
+            self._table = load_or_profile(
+                self.model,
+                drafter_repo=getattr(self.drafter, "name_or_path", None) or None,
+                target_id=str(self.model.name_or_path),
+                profile_kwargs={"num_requests": (1, 4, 16, 32, 64), "repeats": 3},
+            )
+        return self._table
+
+    def run(self, prompt_set: str, prompts: list[str], batch_size: int, contenders: list[str], repeats: int) -> list[Record]:
+        total = -(-len(prompts) // batch_size) * batch_size  # whole batches, prompts cycled to fill the last
+        cycled = [prompts[i % len(prompts)] for i in range(total)]
+        batches = [cycled[i : i + batch_size] for i in range(0, total, batch_size)]
+        encoded = [self.encode(b) for b in batches]
+        records, reference = [], None
+        for contender in contenders:
+            rec = Record(contender, prompt_set, batch_size)
+            if batch_size > 1 and contender in BATCH_1_ONLY:
+                rec.supported, rec.reason = False, BATCH_1_ONLY[contender]
+                records.append(rec)
+                continue
+            run = self.runner(contender)
+            outputs, stats = self._timed(run, encoded, repeats, rec, desc=f"{prompt_set} bs={batch_size} {contender}")
+            if contender == "plain":
+                reference = outputs
+            rec.identical_to_plain = all(torch.equal(a, b) for a, b in zip(outputs, reference))
+            if stats:
+                accepted = [a for s in stats for a in s.accepted_lengths]
+                verified = [v for s in stats for v in s.verified_lengths]
+                rec.mean_accepted_length = sum(accepted) / max(1, len(accepted))
+                rec.verified_drafts_per_request = sum(verified) / max(1, len(verified))
+                merged = type(stats[0])(block_size=stats[0].block_size, accepted_lengths=accepted, verified_lengths=verified)
+                rec.per_position_acceptance = merged.per_position_acceptance
+            records.append(rec)
+        plain = records[0].tokens_per_s
+        for rec in records:
+            rec.speedup_vs_plain = rec.tokens_per_s / plain if rec.supported else float("nan")
+        return records
+
+    def _timed(self, run, encoded, repeats, rec: Record, desc: str):
+        run(encoded[0])  # warm-up, excluded
+        times, outputs, stats = [], [], []
+        for r in tqdm(range(repeats), desc=desc, leave=False):
+            outputs, stats, tokens = [], [], 0
+            t0 = time.perf_counter()
+            drafters = [d for d in (self.drafter, self.dflash_drafter) if d is not None]
+            for enc in encoded:
+                for d in drafters:
+                    d.last_stats = None
+                out = run(enc)
+                outputs.append(out)
+                tokens += _new_token_count(out, enc["input_ids"].shape[1], self.eos)
+                stats += [d.last_stats for d in drafters if d.last_stats is not None]
+            times.append(time.perf_counter() - t0)
+        rec.new_tokens = tokens
+        rec.repeats_s = times
+        rec.tokens_per_s = tokens / statistics.median(times)
+        return outputs, stats
+
+
+def markdown_table(records: list[Record]) -> str:
+    lines = [
+        "| set | batch | contender | tok/s | speedup vs plain | tau | verified/req | identical |",
+        "|---|---:|---|---:|---:|---:|---:|:---:|",
+    ]
+    for r in records:
+        if not r.supported:
+            lines.append(f"| {r.prompt_set} | {r.batch_size} | {r.contender} | unsupported | - | - | - | - |")
+            continue
+        tau = "-" if r.mean_accepted_length != r.mean_accepted_length else f"{r.mean_accepted_length:.2f}"
+        ver = "-" if r.verified_drafts_per_request != r.verified_drafts_per_request else f"{r.verified_drafts_per_request:.2f}"
+        lines.append(
+            f"| {r.prompt_set} | {r.batch_size} | {r.contender} | {r.tokens_per_s:.1f} | {r.speedup_vs_plain:.2f}x | {tau} | {ver} | "
+            f"{'yes' if r.identical_to_plain else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(records: list[Record], folder: str | Path) -> list[Path]:
+    """Throughput vs batch size, per-position acceptance (DSpark vs DFlash), verify budget vs batch size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for prompt_set in sorted({r.prompt_set for r in records}):
+        recs = [r for r in records if r.prompt_set == prompt_set and r.supported]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for c in CONTENDERS:
+            pts = sorted((r.batch_size, r.tokens_per_s) for r in recs if r.contender == c)
+            if pts:
+                ax.plot(*zip(*pts), "o-", label=c)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("new tokens / s")
+        ax.set_title(f"Throughput ({prompt_set})")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(folder / f"throughput_{prompt_set}.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for c in ("dflash", "dspark"):
+            r = next((r for r in recs if r.contender == c and r.batch_size == min(x.batch_size for x in recs)), None)
+            if r is not None and r.per_position_acceptance:
+                ax.plot(range(1, len(r.per_position_acceptance) + 1), r.per_position_acceptance, "o-", label=f"{c} (tau {r.mean_accepted_length:.2f})")
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("P(accept | prefix accepted)")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"Per-position acceptance ({prompt_set})")
+        ax.legend()
+        fig.tight_layout()
+        written.append(folder / f"acceptance_{prompt_set}.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for c in ("dspark", "dspark_adaptive"):
+            pts = sorted((r.batch_size, r.verified_drafts_per_request) for r in recs if r.contender == c)
+            if pts:
+                ax.plot(*zip(*pts), "o-", label=c)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("drafts verified per request per step")
+        ax.set_title(f"Verify budget ({prompt_set})")
+        ax.legend()
+        fig.tight_layout()
+        written.append(folder / f"verify_budget_{prompt_set}.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="smollm2-135m-instruct", help="known target name or a local HF model folder")
+    p.add_argument("--drafter", default=str(default_drafter()), help="DSpark drafter folder or Hub repo")
+    p.add_argument("--dflash-drafter", default=None, help="DFlash twin (markov_rank 0); default: the DSpark drafter with markov off")
+    p.add_argument("--prompts", default="gsm8k", help="comma-separated builtin sets (gsm8k, humaneval, mtbench) or .jsonl files")
+    p.add_argument("--n", type=int, default=8, help="prompts per set (cycled to fill batches)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-sizes", default="1", help="e.g. 1,4,16,32,64")
+    p.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated subset of {', '.join(CONTENDERS)}")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--repeats", type=int, default=3, help="timed passes per contender (median); one extra warm-up pass")
+    p.add_argument("--json", default=None, help="write the records (a JSON list) here")
+    p.add_argument("--plots", default=None, help="write PNG plots into this folder")
+
+
+def default_drafter() -> Path:
+    return Path(__file__).resolve().parent.parent / "model_cards" / "dspark-smollm2-135m-instruct"
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from .io_utils import write_json_atomic
+    from .modeling import DSparkDrafter
+    from .targets import load_target
+
+    sizes = parse_batch_sizes(args.batch_sizes)
+    contenders = parse_contenders(args.contenders)
+    sets = [s.strip() for s in args.prompts.split(",") if s.strip()]
+    prompt_lists = {s: load_prompts(s, max(args.n, max(sizes))) for s in sets}  # validate before loading models
+    if args.repeats < 1 or args.n < 1 or args.max_new_tokens < 1:
+        raise ValueError("--repeats, --n and --max-new-tokens must be positive.")
+    model, tok = load_target(args.target, dtype=args.dtype)
+    drafter = DSparkDrafter.from_pretrained(args.drafter, target=model)
+    twin = DSparkDrafter.from_pretrained(args.dflash_drafter, target=model) if args.dflash_drafter else None
+    bench = Bench(model, tok, drafter, twin, args.max_new_tokens)
+    records: list[Record] = []
+    for s, prompts in prompt_lists.items():
+        for bs in sizes:
+            records += bench.run(s, prompts, bs, contenders, args.repeats)
+    print(markdown_table(records))
+    if args.json:
+        write_json_atomic(args.json, [asdict(r) for r in records])
+    if args.plots:
+        for path in plot(records, args.plots):
+            print(f"wrote {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hf_dspark.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return run_cli(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The benchmark tool's input handling and reporting (the benchmark itself is run by `hf-dspark bench`)."""
+
+import json
+
+import pytest
+
+from hf_dspark import bench
+from hf_dspark.cli import build_parser, main
+
+
+def test_contenders_and_batch_sizes_are_checked():
+    assert bench.parse_contenders("dspark,plain") == ["plain", "dspark"]  # plain always runs first
+    assert bench.parse_contenders("dspark") == ["plain", "dspark"]
+    with pytest.raises(ValueError, match="choose from plain, prompt_lookup, hf_dflash, dflash, dspark, dspark_adaptive"):
+        bench.parse_contenders("dspark,medusa")
+    assert bench.parse_batch_sizes("1,4,16") == [1, 4, 16]
+    for bad in ("0", "1,-4", "one", ""):
+        with pytest.raises(ValueError, match="positive integers"):
+            bench.parse_batch_sizes(bad)
+
+
+def test_prompt_sets(tmp_path):
+    for name in bench.PROMPT_SETS:
+        prompts = bench.load_prompts(name, 5)
+        assert len(prompts) == 5 and all(isinstance(p, str) and p for p in prompts)
+    assert len(bench.load_prompts("gsm8k", 150)) == 150  # cycled past the 100 GSM8K questions
+    with pytest.raises(ValueError, match="gsm8k, humaneval, mtbench"):
+        bench.load_prompts("mmlu", 3)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"answer": 3}) + "\n")
+    with pytest.raises(ValueError, match="no string field"):
+        bench.load_prompts(str(bad), 3)
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"text": "hello"}) + "\n")
+    assert bench.load_prompts(str(good), 2) == ["hello", "hello"]
+
+
+def test_cli_reports_bad_input_clearly(capsys):
+    assert main(["bench", "--contenders", "nope"]) == 2
+    assert "Unknown contender" in capsys.readouterr().err
+    assert main(["bench", "--batch-sizes", "0"]) == 2
+    assert "positive integers" in capsys.readouterr().err
+    assert main(["bench", "--prompts", "mmlu"]) == 2
+    assert "Unknown prompt set" in capsys.readouterr().err
+
+
+def test_cli_help_lists_every_command():
+    text = build_parser().format_help()
+    for cmd in ("bench", "profile", "export", "make-data", "train", "calibrate", "finetune"):
+        assert cmd in text
+
+
+def test_table_and_plots(tmp_path):
+    recs = [
+        bench.Record("plain", "gsm8k", 1, tokens_per_s=40.0, speedup_vs_plain=1.0, identical_to_plain=True),
+        bench.Record("dspark", "gsm8k", 1, tokens_per_s=80.0, speedup_vs_plain=2.0, mean_accepted_length=3.1,
+                     per_position_acceptance=[0.8, 0.6], verified_drafts_per_request=7.0, identical_to_plain=True),
+        bench.Record("dflash", "gsm8k", 1, tokens_per_s=60.0, speedup_vs_plain=1.5, mean_accepted_length=2.5,
+                     per_position_acceptance=[0.7, 0.5], verified_drafts_per_request=7.0, identical_to_plain=True),
+        bench.Record("prompt_lookup", "gsm8k", 4, supported=False, reason=bench.BATCH_1_ONLY["prompt_lookup"]),
+    ]
+    table = bench.markdown_table(recs)
+    assert "| gsm8k | 1 | dspark | 80.0 | 2.00x | 3.10 | 7.00 | yes |" in table
+    assert "| gsm8k | 4 | prompt_lookup | unsupported |" in table
+    written = bench.plot(recs, tmp_path)
+    assert len(written) == 3 and all(p.stat().st_size > 1000 for p in written)

@@ -1,0 +1,35 @@
+"""Calibration: STS on synthetic miscalibrated confidences, and collection from the real decoding loop."""
+
+import json
+
+import torch
+from _tiny_models import tiny_drafter, tiny_target, tiny_tokenizer
+
+from hf_dspark.calibration import fit_sts, load_calibration, prefix_labels
+from hf_dspark.training.evaluate import measure
+
+
+def test_sts_lowers_ece_on_synthetic_overconfident_data():
+    g = torch.Generator().manual_seed(0)
+    m, b = 4000, 5
+    true_logits = torch.randn(m, b, generator=g) * 1.5 + 1.0
+    accept = torch.rand(m, b, generator=g) < torch.sigmoid(true_logits)  # per-position conditional acceptance
+    num_accepted = (accept.long().cumprod(dim=1)).sum(dim=1)
+    reported = true_logits * torch.tensor([3.0, 0.5, 2.0, 4.0, 1.5])  # over- and under-confident per position
+    cal = fit_sts(reported, num_accepted)
+    assert cal["ece_after"] < cal["ece_before"]
+    assert cal["ece_after"] < 0.03
+    assert cal["temperatures"][0] > 1.5 and cal["temperatures"][1] < 1.0  # undoes the distortion direction
+    assert prefix_labels(num_accepted, b).shape == (m, b)
+
+
+def test_calibration_samples_come_from_the_decoding_loop_and_round_trip(tmp_path):
+    target, tok = tiny_target(), tiny_tokenizer()
+    drafter = tiny_drafter(target)
+    res = measure(drafter, target, tok, ["hello", "abc"], max_new_tokens=12)
+    assert res["conf_logits"].shape[1] == drafter.config.block_size
+    assert res["conf_logits"].shape[0] == res["num_accepted"].shape[0] == res["steps"] > 0
+    assert 1.0 <= res["tau"] <= drafter.config.block_size + 1
+    cal = fit_sts(res["conf_logits"], res["num_accepted"], res["num_verified"])
+    (tmp_path / "calibration.json").write_text(json.dumps(cal))
+    assert load_calibration(tmp_path / "calibration.json", drafter.config.block_size)["temperatures"] == cal["temperatures"]

@@ -1,0 +1,292 @@
+"""Training: losses by hand, the packed attention mask, exact resume, data shards and bad input."""
+
+import copy
+import errno
+import json
+import math
+
+import pytest
+import torch
+from _tiny_models import MASK_ID, tiny_drafter, tiny_target, tiny_tokenizer
+
+from hf_dspark.training import data as data_mod
+from hf_dspark.training.cli import add_subcommands
+from hf_dspark.training.data import DataError, GenerationSettings, TokenDataset, make_data, read_prompts
+from hf_dspark.training.losses import LossWeights, dspark_losses, expected_tau
+from hf_dspark.training.packing import pack_blocks, pad_batch, sample_anchors
+from hf_dspark.training.trainer import TrainConfig, Trainer
+
+PROMPTS = ["hello there", "abc def", "x y z", "qq rr", "one two three", "the cat sat", "foo bar", "lorem ipsum"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_target(), tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tiny, tmp_path_factory):
+    model, tok = tiny
+    out = tmp_path_factory.mktemp("data")
+    make_data(model, tok, PROMPTS, out, GenerationSettings(max_new_tokens=24, batch_size=4, prompts_per_shard=4), log=lambda *_: None)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ losses
+def test_losses_match_a_hand_computed_example():
+    ln3 = math.log(3.0)
+    draft = torch.tensor([[[0.0, 0.0], [ln3, 0.0]]])  # p = [.5, .5], [.75, .25]
+    target = torch.tensor([[[ln3, 0.0], [0.0, 0.0]]])  # p = [.75, .25], [.5, .5]
+    labels = torch.tensor([[0, 1]])
+    valid = torch.tensor([[True, True]])
+    conf = torch.zeros(1, 2)  # sigmoid = .5
+    out = dspark_losses(draft, target, labels, valid, conf, LossWeights())
+    w1 = math.exp(-1 / 4)
+    ce = (math.log(2) + w1 * math.log(4)) / (1 + w1)  # -ln .5 at slot 0, -ln .25 at slot 1
+    l1 = 0.5  # |.5-.75| + |.5-.25| at both slots
+    bce = math.log(2)  # soft label 1 - TV = .75 at both slots, prediction .5: -(.75 ln .5 + .25 ln .5)
+    assert out["ce"].item() == pytest.approx(ce, abs=1e-6)
+    assert out["l1"].item() == pytest.approx(l1, abs=1e-6)
+    assert out["bce"].item() == pytest.approx(bce, abs=1e-6)
+    assert out["loss"].item() == pytest.approx(0.1 * ce + 0.9 * l1 + 1.0 * bce, abs=1e-6)
+    assert out["soft_accept"].item() == pytest.approx(0.75)
+    # an invalid slot changes nothing; the DFlash twin is CE only
+    valid2 = torch.tensor([[True, False]])
+    out2 = dspark_losses(draft, target, labels, valid2, conf, LossWeights.dflash())
+    assert out2["loss"].item() == pytest.approx(math.log(2), abs=1e-6)
+
+
+def test_soft_label_is_detached_and_expected_tau_counts_prefixes():
+    draft = torch.randn(3, 4, 10, requires_grad=True)
+    conf = torch.zeros(3, 4, requires_grad=True)
+    out = dspark_losses(draft, torch.randn(3, 4, 10), torch.zeros(3, 4, dtype=torch.long), torch.ones(3, 4, dtype=torch.bool), conf, LossWeights(0, 0, 1))
+    out["loss"].backward()
+    assert draft.grad is None or draft.grad.abs().sum() == 0  # BCE reaches only the confidence logit
+    match = torch.tensor([[1, 1, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    assert expected_tau(match, torch.ones_like(match)) == pytest.approx(1 + (2 + 0 + 4) / 3)
+
+
+# ------------------------------------------------------------------------------------------------ packing
+def test_packed_mask_hides_context_at_and_after_each_anchor_and_padding_blocks_see_nothing():
+    torch.manual_seed(0)
+    t, b = 30, 4
+    ids = torch.randint(0, 100, (2, t))
+    lm = torch.zeros(2, t, dtype=torch.bool)
+    lm[0, 8:] = True
+    lm[1, 5:20] = True  # row 1 is shorter (padding after 20)
+    anchors = [sample_anchors(lm[0], 6, torch.Generator().manual_seed(1)), sample_anchors(lm[1], 3, torch.Generator().manual_seed(2))]
+    x, m, _, anc = pad_batch([(ids[0], lm[0]), (ids[1, :20], lm[1, :20])], anchors, 0)
+    packed = pack_blocks(x, m, anc, b, MASK_ID)
+    a = anc.shape[1]
+    mask = packed.mask[:, 0]  # [N, A*B, T + A*B]
+    for n in range(2):
+        for blk in range(a):
+            rows = mask[n, blk * b : (blk + 1) * b]
+            p = int(anc[n, blk])
+            if p < 0:
+                assert not rows.any(), "a padding block must see nothing"
+                assert not packed.valid[n, blk].any()
+                continue
+            assert rows[:, :p].all() and not rows[:, p:t].any(), "context visible iff position < anchor"
+            block_cols = rows[:, t:].view(b, a, b)
+            assert block_cols[:, blk].all() and block_cols.sum() == b * b, "only the own block is visible"
+            assert packed.positions[n, blk * b : (blk + 1) * b].tolist() == list(range(p, p + b))
+            assert packed.block_ids[n, blk * b] == x[n, p] and (packed.block_ids[n, blk * b + 1 : (blk + 1) * b] == MASK_ID).all()
+            v = packed.valid[n, blk]
+            assert v.tolist() == sorted(v.tolist(), reverse=True), "supervised slots form a prefix"
+            for k in range(b):
+                inside = p + k + 1 < x.shape[1] and bool(m[n, p + k + 1])
+                assert bool(v[k]) == (inside and bool(v[: k].all()))
+                if v[k]:
+                    assert packed.labels[n, blk, k] == x[n, p + k + 1]
+                    assert packed.prev_ids[n, blk, k] == x[n, p + k]
+    assert (anc[1] >= 0).sum() == 3 and (anc[1] < 0).sum() == a - 3
+    # anchors cover p and p + 1 inside the response
+    assert all(lm[0, p] and lm[0, p + 1] for p in anchors[0].tolist())
+
+
+# ------------------------------------------------------------------------------------------------ trainer
+def _trainer(model, tok, data_dir, out, seed=1, **kw):
+    cfg = TrainConfig(str(data_dir), str(out), max_steps=8, num_anchors=6, eval_every=0, eval_sequences=2, checkpoint_minutes=0, **kw)
+    return Trainer(tiny_drafter(model, seed=seed), model, TokenDataset(data_dir, model, tok), cfg, pad_id=0, log=lambda *_: None)
+
+
+def test_resume_after_a_kill_restores_optimizer_data_position_and_next_loss(tiny, data_dir, tmp_path, monkeypatch):
+    model, tok = tiny
+    ref = _trainer(model, tok, data_dir, tmp_path / "ref")
+    for _ in range(3):
+        ref.train_step()
+    snap = copy.deepcopy(ref.state_dict())
+    ref_next = ref.train_step()["loss"]
+
+    run = _trainer(model, tok, data_dir, tmp_path / "run")
+    real_step, calls = Trainer.train_step, {"n": 0}
+
+    def killed_at_fourth(self):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt("simulated kill")
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", killed_at_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        run.run(progress=False)
+    monkeypatch.setattr(Trainer, "train_step", real_step)
+
+    resumed = _trainer(model, tok, data_dir, tmp_path / "run", seed=99)  # different init: must come from the checkpoint
+    assert resumed.load_checkpoint()
+    assert (resumed.step, resumed.epoch, resumed.cursor) == (snap["step"], snap["epoch"], snap["cursor"]) == (3, snap["epoch"], snap["cursor"])
+    opt_a, opt_b = snap["optimizer"]["state"], resumed.optimizer.state_dict()["state"]
+    assert opt_a.keys() == opt_b.keys()
+    for k in opt_a:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(opt_a[k][name], opt_b[k][name])
+    assert resumed.scheduler.state_dict()["last_epoch"] == snap["scheduler"]["last_epoch"]
+    assert resumed.train_step()["loss"] == ref_next
+
+
+def test_training_lowers_the_loss_and_writes_history_and_drafter(tiny, data_dir, tmp_path):
+    model, tok = tiny
+    tr = _trainer(model, tok, data_dir, tmp_path / "t", lr=3e-3)
+    first = tr.train_step()["loss"]
+    for _ in range(7):
+        last = tr.train_step()["loss"]
+    tr._record({"loss": last})
+    tr.save_checkpoint()
+    assert last < first
+    hist = json.loads((tmp_path / "t" / "history.json").read_text())
+    assert hist[-1]["step"] == 8 and "eval_tau_tf" in hist[-1]
+    assert (tmp_path / "t" / "drafter" / "model.safetensors").is_file()
+
+
+def test_resume_with_other_max_steps_is_refused(tiny, data_dir, tmp_path):
+    model, tok = tiny
+    tr = _trainer(model, tok, data_dir, tmp_path / "r")
+    tr.train_step()
+    tr.save_checkpoint()
+    other = _trainer(model, tok, data_dir, tmp_path / "r")
+    other.cfg.max_steps = 99
+    with pytest.raises(ValueError, match="--max-steps"):
+        other.load_checkpoint()
+
+
+# ------------------------------------------------------------------------------------------------ data
+def test_make_data_resumes_without_duplicates_or_holes(tiny, tmp_path):
+    model, tok = tiny
+    s = GenerationSettings(max_new_tokens=6, batch_size=2, prompts_per_shard=2)
+    make_data(model, tok, PROMPTS, tmp_path, s, max_prompts=3, log=lambda *_: None)  # "killed" after 2 shards
+    (tmp_path / "shard-00002.safetensors").write_bytes(b"half-written shard from a killed run")
+    man = make_data(model, tok, PROMPTS, tmp_path, s, log=lambda *_: None)
+    ranges = [tuple(x["prompt_range"]) for x in man["shards"]]
+    assert ranges == [(0, 2), (2, 3), (3, 5), (5, 7), (7, 8)]
+    ds = TokenDataset(tmp_path, model, tok)
+    assert len(ds) == len(PROMPTS)
+    fresh = make_data(model, tok, PROMPTS, tmp_path / "fresh", s, log=lambda *_: None)
+    fresh_ds = TokenDataset(tmp_path / "fresh", model, tok)
+    assert sorted(tuple(x.tolist()) for x in fresh_ds.ids) == sorted(tuple(x.tolist()) for x in ds.ids)
+    assert fresh["next_prompt"] == man["next_prompt"] == len(PROMPTS)
+
+
+def test_a_data_dir_from_another_target_or_tokenizer_is_refused(tiny, data_dir):
+    model, tok = tiny
+    with pytest.raises(DataError, match="made for target"):
+        TokenDataset(data_dir, tiny_target(layers=4), tok)
+    other_tok = tiny_tokenizer()
+    other_tok.add_tokens(["<extra>"])
+    with pytest.raises(DataError, match="different tokenizer"):
+        TokenDataset(data_dir, model, other_tok)
+    with pytest.raises(DataError, match="not a data directory"):
+        TokenDataset(data_dir / "nowhere", model, tok)
+
+
+def test_disk_full_during_a_shard_write_leaves_no_partial_shard(tiny, tmp_path, monkeypatch):
+    model, tok = tiny
+
+    def full_disk(tensors, path):
+        with open(path, "wb") as f:
+            f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(data_mod, "save_file", full_disk)
+    with pytest.raises(DataError, match="Disk full"):
+        make_data(model, tok, PROMPTS[:2], tmp_path, GenerationSettings(max_new_tokens=4, batch_size=2, prompts_per_shard=2), log=lambda *_: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+    assert json.loads((tmp_path / "manifest.json").read_text())["shards"] == []
+
+
+def test_prompt_readers_and_bad_prompt_files(tmp_path):
+    (tmp_path / "ok.jsonl").write_text('{"text": "a"}\n\n{"prompt": "b"}\n')
+    assert read_prompts(tmp_path / "ok.jsonl") == ["a", "b"]
+    cut = '[{"id": "1", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},\n {"id": "2", "conversations": [{"from": "gpt", "value": "x"}]},\n {"id": "3", "conversations": [{"from": "human", "value": "cut here'
+    (tmp_path / "cut.json").write_text(cut)
+    assert read_prompts(tmp_path / "cut.json") == ["hi"]  # truncated ShareGPT recovered object by object
+    (tmp_path / "empty.jsonl").write_text("  \n")
+    with pytest.raises(DataError, match="empty"):
+        read_prompts(tmp_path / "empty.jsonl")
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"text": \n')
+    with pytest.raises(DataError, match="bad.jsonl:2 is not valid JSON"):
+        read_prompts(tmp_path / "bad.jsonl")
+    (tmp_path / "nofield.jsonl").write_text('{"foo": "a"}\n')
+    with pytest.raises(DataError, match="--field"):
+        read_prompts(tmp_path / "nofield.jsonl")
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(DataError, match="unknown format"):
+        read_prompts(tmp_path / "x.csv")
+    (tmp_path / "nohuman.json").write_text('[{"conversations": [{"from": "gpt", "value": "x"}]}]')
+    with pytest.raises(DataError, match="no ShareGPT conversation"):
+        read_prompts(tmp_path / "nohuman.json")
+    with pytest.raises(DataError, match="does not exist"):
+        read_prompts(tmp_path / "missing.jsonl")
+
+
+def test_cli_registers_the_training_subcommands():
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="hf-dspark")
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["train", "--data", "d", "--out", "o", "--dflash", "--max-steps", "5"])
+    assert args.dflash and args.max_steps == 5 and args.func.__name__ == "_train"
+    for cmd in ("make-data", "calibrate", "finetune", "eval-tau"):
+        assert parser.parse_args([cmd, "--help"] if False else [cmd] + {"make-data": ["--prompts", "p", "--out", "o"], "calibrate": ["--drafter", "d"], "finetune": ["--drafter", "d", "--data", "x", "--out", "o"], "eval-tau": ["--drafter", "d"]}[cmd]).func
+
+
+# ------------------------------------------------------------------------------------------------ real target
+@pytest.mark.real
+def test_short_smollm2_training_raises_tau_above_the_untrained_drafter(tmp_path):
+    from hf_dspark.targets import load_target
+
+    model, tok = load_target("smollm2-135m-instruct", dtype=torch.float32)
+    torch.manual_seed(0)
+    prompts = ["Write one sentence about the sea.", "List three colors."]
+    make_data(model, tok, prompts, tmp_path / "d", GenerationSettings(max_new_tokens=32, batch_size=2, prompts_per_shard=2), log=lambda *_: None)
+    ds = TokenDataset(tmp_path / "d", model, tok)
+    from hf_dspark.training.trainer import build_drafter
+
+    drafter = build_drafter(model, tok, markov_rank=16)
+    cfg = TrainConfig(str(tmp_path / "d"), str(tmp_path / "o"), max_steps=8, num_anchors=16, lr=2e-3, warmup_ratio=0.0, eval_every=0, eval_sequences=0)
+    tr = Trainer(drafter, model, ds, cfg, pad_id=tok.pad_token_id, log=lambda *_: None)
+    tr.eval_index = list(range(len(ds)))  # measure on the (tiny) training set itself: this checks learning, not generalisation
+    before = tr.evaluate()["eval_tau_tf"]
+    for _ in range(8):
+        tr.train_step()
+    after = tr.evaluate()["eval_tau_tf"]
+    assert after > before
+
+
+def test_optional_hidden_state_cache_gives_the_online_loss(tiny, data_dir, tmp_path):
+    import shutil
+
+    model, tok = tiny
+    cached_dir = tmp_path / "cached"
+    shutil.copytree(data_dir, cached_dir)
+    drafter = tiny_drafter(model)
+    lines = []
+    need = data_mod.cache_hidden_states(cached_dir, model, drafter.tap_hidden_state_ids, log=lines.append)
+    assert "GiB" in lines[0] and need == TokenDataset(cached_dir).num_tokens * 3 * 64 * 2
+    ds = TokenDataset(cached_dir, model, tok)
+    taps, final = ds.cached_hidden(0)
+    assert taps.dtype == torch.bfloat16 and taps.shape == (len(ds[0][0]), 2 * 64) and final.shape == (len(ds[0][0]), 64)
+    online = _trainer(model, tok, data_dir, tmp_path / "a")
+    offline = _trainer(model, tok, cached_dir, tmp_path / "b")
+    lo, lc = online.train_step()["loss"], offline.train_step()["loss"]
+    assert lc == pytest.approx(lo, rel=0.05)  # bf16 rounding of the cached states only
