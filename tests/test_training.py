@@ -290,3 +290,32 @@ def test_optional_hidden_state_cache_gives_the_online_loss(tiny, data_dir, tmp_p
     offline = _trainer(model, tok, cached_dir, tmp_path / "b")
     lo, lc = online.train_step()["loss"], offline.train_step()["loss"]
     assert lc == pytest.approx(lo, rel=0.05)  # bf16 rounding of the cached states only
+
+
+def test_multi_process_ranks_take_disjoint_sequences_and_only_rank_0_writes(tiny, data_dir, tmp_path):
+    model, tok = tiny
+
+    class FakeAccelerator:  # what accelerate launch gives rank r of 2 (gradients already equal here)
+        def __init__(self, rank):
+            self.process_index, self.num_processes = rank, 2
+
+        def reduce(self, tensor, reduction="mean"):
+            return tensor
+
+        def wait_for_everyone(self):
+            pass
+
+    trainers = []
+    for rank in (0, 1):
+        cfg = TrainConfig(str(data_dir), str(tmp_path / f"r{rank}"), max_steps=4, num_anchors=4, eval_every=0, eval_sequences=2)
+        trainers.append(Trainer(tiny_drafter(model), model, TokenDataset(data_dir, model, tok), cfg, log=lambda *_: None, accelerator=FakeAccelerator(rank)))
+    seen = [set(), set()]
+    for _ in range(3):
+        for rank, tr in enumerate(trainers):
+            idx, _ = tr.next_batch()
+            seen[rank].update(idx)
+    assert seen[0].isdisjoint(seen[1]) and len(seen[0] | seen[1]) == 6
+    for tr in trainers:
+        tr.train_step()
+        tr.save_checkpoint()
+    assert (tmp_path / "r0" / "checkpoint").is_dir() and not (tmp_path / "r1").exists()

@@ -95,6 +95,12 @@ def _train(args) -> int:
     from .trainer import TrainConfig, Trainer, build_drafter, plot_learning_curve
 
     model, tok = _load(args)
+    accelerator = None
+    if args.accelerate:
+        from accelerate import Accelerator
+
+        accelerator = Accelerator()
+        model.to(accelerator.device)
     data = TokenDataset(args.data, model, tok)
     weights = LossWeights.dflash() if args.dflash else LossWeights(args.ce_weight, args.l1_weight, args.bce_weight, args.decay)
     if args.init:
@@ -131,8 +137,11 @@ def _train(args) -> int:
     n = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     print(f"[train] {len(data)} sequences ({data.num_tokens} tokens), drafter {n / 1e6:.1f}M trainable parameters, "
           f"{'DFlash (CE only)' if args.dflash else 'DSpark'}")
-    trainer = Trainer(drafter, model, data, cfg, pad_id=tok.pad_token_id or 0)
-    last = trainer.run(progress=not args.no_progress)
+    drafter.to(model.device)
+    trainer = Trainer(drafter, model, data, cfg, pad_id=tok.pad_token_id or 0, accelerator=accelerator)
+    last = trainer.run(progress=not args.no_progress and trainer.rank == 0)
+    if trainer.rank:
+        return 0
     plot_learning_curve(trainer.history, f"{args.out}/learning_curve.png")
     print(f"[train] done: step {last['step']}, tokens {last['tokens_seen']}, held-out tau_tf {last.get('eval_tau_tf')}")
     return 0
@@ -178,6 +187,8 @@ def _add_train(sub) -> None:
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out tau evaluations")
     p.add_argument("--eval-sequences", type=int, default=8, help="last sequences of the data held out for evaluation")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (log lines only)")
+    p.add_argument("--accelerate", action="store_true",
+                   help="multi-GPU/multi-node: run under `accelerate launch -m hf_dspark.training.cli train --accelerate ...`")
     p.set_defaults(func=_train)
 
 

@@ -10,9 +10,11 @@ states and the data position (epoch, cursor), so a killed run resumes exactly: t
 permutation per epoch and each step's anchors come from a generator seeded by (seed, epoch, cursor).
 `<out>/drafter/` is the latest drafter in `save_pretrained` format; `<out>/history.json` the learning curve.
 
-Multi-GPU / multi-node: the step is plain PyTorch, so `accelerate launch -m hf_dspark.training.cli train ...`
-with `--accelerate` wraps drafter, optimizer and scheduler in `Accelerator.prepare` and gives each process its own
-slice of the data order (`cursor` advances by batch_size * num_processes). Here it runs as one CPU process.
+Multi-GPU / multi-node: `accelerate launch [--num_processes 8 --num_machines M ...] -m hf_dspark.training.cli train
+--accelerate ...`. Each process holds the target and the drafter on its device, takes its own batch_size sequences
+of every step (the data cursor advances by batch_size * num_processes), and the drafter's gradients are averaged
+across processes (`Accelerator.reduce`) before clipping and the AdamW step, so every rank keeps identical weights;
+rank 0 writes checkpoints. Here it runs as one CPU process.
 """
 
 from __future__ import annotations
@@ -141,11 +143,18 @@ class Trainer:
         pad_id: int = 0,
         log=print,
         export=None,
+        accelerator=None,
     ) -> None:
         self.drafter, self.target, self.data, self.cfg, self.log = drafter, target, dataset, config, log
         # how the model is written next to each checkpoint (default: save_pretrained into <out>/drafter)
         self.export = export or (lambda out: drafter.save_pretrained(str(out / "drafter")))
         self.pad_id = pad_id
+        # multi-process (accelerate launch): each rank takes its own slice of every step's sequences and gradients are
+        # averaged across ranks before the optimizer step; only rank 0 writes files
+        self.acc = accelerator
+        self.rank = accelerator.process_index if accelerator is not None else 0
+        self.world = accelerator.num_processes if accelerator is not None else 1
+        self.device = target.device
         freeze_target(target)
         drafter.train()
         self.params = [p for p in drafter.parameters() if p.requires_grad]
@@ -171,13 +180,15 @@ class Trainer:
 
     def next_batch(self) -> tuple[list[int], torch.Generator]:
         """Sequence indices for the next step and the anchor generator; advances (epoch, cursor)."""
+        per_step = self.cfg.batch_size * self.world
         order = self._order(self.epoch)
-        if self.cursor >= len(order):
+        if self.cursor + per_step > len(order) and self.cursor > 0:
             self.epoch, self.cursor = self.epoch + 1, 0
             order = self._order(self.epoch)
-        idx = order[self.cursor : self.cursor + self.cfg.batch_size]
-        gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.epoch * 100_003 + self.cursor)
-        self.cursor += self.cfg.batch_size
+        start = self.cursor + self.rank * self.cfg.batch_size
+        idx = order[start : start + self.cfg.batch_size] or order[: self.cfg.batch_size]
+        gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.epoch * 100_003 + start)
+        self.cursor += per_step
         return idx, gen
 
     def batch_tensors(self, idx: list[int], gen: torch.Generator, num_anchors: int):
@@ -193,7 +204,8 @@ class Trainer:
                 torch.stack([pad(h[0]) for h in hid]).to(self.target.dtype),
                 torch.stack([pad(h[1]) for h in hid]).to(self.target.dtype),
             )
-        return ids, lm, anc, cached
+        to = lambda x: None if x is None else x.to(self.device)  # noqa: E731
+        return to(ids), to(lm), to(anc), None if cached is None else (to(cached[0]), to(cached[1]))
 
     # ---------------------------------------------------------------- one step
     def train_step(self) -> dict[str, float]:
@@ -203,6 +215,10 @@ class Trainer:
             out, packed, match = drafter_step_outputs(self.drafter, self.target, ids, lm, anc, self.cfg.losses, cached)
         self.optimizer.zero_grad(set_to_none=True)
         out["loss"].backward()
+        if self.world > 1:
+            for p in self.params:
+                grad = p.grad if p.grad is not None else torch.zeros_like(p)
+                p.grad = self.acc.reduce(grad, reduction="mean")
         gnorm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
@@ -234,7 +250,7 @@ class Trainer:
             ids, m = self.data[i]
             anchors = sample_anchors(m, 1 << 30)
             for chunk in anchors.split(256):
-                x, lm, _, anc = pad_batch([(ids, m)], [chunk], self.pad_id)
+                x, lm, _, anc = (z.to(self.device) for z in pad_batch([(ids, m)], [chunk], self.pad_id))
                 out, packed, match = drafter_step_outputs(self.drafter, self.target, x, lm, anc, self.cfg.losses)
                 matches.append(match)
                 valids.append(packed.valid.reshape(match.shape))
@@ -268,10 +284,13 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> None:
-        with atomic_path(self.state_path) as tmp:
-            torch.save(self.state_dict(), tmp)
-        self.export(self.out)
-        write_json_atomic(self.out / "history.json", self.history)
+        if self.rank == 0:
+            with atomic_path(self.state_path) as tmp:
+                torch.save(self.state_dict(), tmp)
+            self.export(self.out)
+            write_json_atomic(self.out / "history.json", self.history)
+        if self.acc is not None:
+            self.acc.wait_for_everyone()
 
     def load_checkpoint(self) -> bool:
         if not self.state_path.is_file():
@@ -316,10 +335,15 @@ class Trainer:
             t0 = time.time()
             stats = self.train_step()
             self.elapsed += time.time() - t0
-            ema = stats if ema is None else {k: 0.9 * ema[k] + 0.1 * v for k, v in stats.items() if not math.isnan(v)} | {
-                k: v for k, v in stats.items() if k not in ema
-            }
-            bar.set_postfix(loss=f"{ema['loss']:.3f}", acc=f"{ema['accept']:.3f}", tau_tf=f"{ema.get('tau_tf', float('nan')):.2f}")
+            ema = ema or {}
+            for k, v in stats.items():  # running means for the bar (a step without full blocks has no tau_tf)
+                if not math.isnan(v):
+                    ema[k] = v if k not in ema else 0.9 * ema[k] + 0.1 * v
+            bar.set_postfix(
+                loss=f"{ema.get('loss', float('nan')):.3f}",
+                acc=f"{ema.get('accept', float('nan')):.3f}",
+                tau_tf=f"{ema.get('tau_tf', float('nan')):.2f}",
+            )
             bar.update(1)
             entry = None
             if self.cfg.eval_every and self.step % self.cfg.eval_every == 0:
