@@ -279,7 +279,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", default="1", help="e.g. 1,4,16,32,64")
     p.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated subset of {', '.join(CONTENDERS)}")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="auto = bf16 on CUDA or CPUs with avx512_bf16/AMX, else fp32 (emulated bf16 GEMMs make verification slow)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per contender (median); one extra warm-up pass")
     p.add_argument("--json", default=None, help="write the records (a JSON list) here")
     p.add_argument("--plots", default=None, help="write PNG plots into this folder")

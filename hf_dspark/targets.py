@@ -123,6 +123,21 @@ def target_folder(name: str) -> Path:
     return dest
 
 
+def fast_dtype(device: str | torch.device = "cpu") -> torch.dtype:
+    """bf16 where the hardware multiplies it natively (CUDA, CPUs with avx512_bf16/AMX), else fp32.
+
+    On a CPU without bf16 instructions torch emulates bf16 matrix products, whose cost grows linearly with the
+    number of tokens: verifying 8 tokens then costs ~8x one token and speculation cannot pay off.
+    """
+    if torch.device(device).type == "cuda":
+        return torch.bfloat16
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        flags = ""
+    return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+
+
 def load_target(
     name: str, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -130,8 +145,10 @@ def load_target(
 
     Args:
         name: "smollm2-135m-instruct" or "qwen2.5-coder-0.5b-instruct", or a local HF model folder.
-        dtype: torch dtype or its name ("float32", "bfloat16").
+        dtype: torch dtype or its name ("float32", "bfloat16", or "auto" for `fast_dtype(device)`).
     """
+    if dtype == "auto":
+        dtype = fast_dtype(device)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     folder = Path(name) if Path(name).is_dir() else target_folder(name)

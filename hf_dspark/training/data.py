@@ -248,7 +248,6 @@ def generate_responses(
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids))
-    results: list[tuple[list[int], list[int]]] = []
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))  # similar lengths per batch
     by_index: dict[int, tuple[list[int], list[int]]] = {}
     for start in range(0, len(order), settings.batch_size):
@@ -271,9 +270,7 @@ def generate_responses(
                 if t in eos_ids:
                     break
             by_index[i] = (prompt_ids[i], resp)
-    for i in range(len(prompt_ids)):
-        results.append(by_index[i])
-    return results
+    return [by_index[i] for i in range(len(prompt_ids))]
 
 
 def _write_shard(path: Path, sequences: list[tuple[list[int], list[int]]]) -> int:

@@ -211,7 +211,7 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         idx, gen = self.next_batch()
         ids, lm, anc, cached = self.batch_tensors(idx, gen, self.cfg.num_anchors)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             out, packed, match = drafter_step_outputs(self.drafter, self.target, ids, lm, anc, self.cfg.losses, cached)
         self.optimizer.zero_grad(set_to_none=True)
         out["loss"].backward()
@@ -223,8 +223,9 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        self.tokens_seen += int(sum(len(self.data[i][0]) for i in idx))
-        self.blocks_seen += int(packed.valid[..., 0].sum())
+        # counted on this rank, scaled by the number of ranks (each takes as many sequences)
+        self.tokens_seen += self.world * int(sum(len(self.data[i][0]) for i in idx))
+        self.blocks_seen += self.world * int(packed.valid[..., 0].sum())
         valid = packed.valid.reshape(match.shape)
         return {
             "loss": float(out["loss"].detach()),
