@@ -251,24 +251,27 @@ def generate(
     if budget <= 0:
         return _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer)
 
+    def target_forward(ids, mask, pos, cache):
+        """One target forward appending to `cache` -> logits [R, T, V] and the drafter's context K/V of these tokens."""
+        out = model(
+            input_ids=ids,
+            attention_mask=mask.long(),
+            position_ids=pos,
+            use_cache=True,
+            output_hidden_states=drafter.tap_hidden_state_ids,
+            **{cache_key: cache},
+            **model_kwargs,
+        )
+        taps = torch.cat([out.hidden_states[i] for i in drafter.tap_hidden_state_ids], dim=-1)  # [R, T, m*H]
+        return out.logits, drafter.context_kv(drafter.context_features(taps), pos)
+
     # ---- prefill: target over the prompt -> first token, taps -> drafter context
     positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
     t0 = time.perf_counter()
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attn.long(),
-        position_ids=positions,
-        use_cache=True,
-        output_hidden_states=drafter.tap_hidden_state_ids,
-        **{cache_key: cache},
-        **model_kwargs,
-    )
+    logits, ctx_kv = target_forward(input_ids, attn, positions, cache)
     prompt_rows = [input_ids[r] for r in range(n_rows)]
-    scores = processing(out.logits[:, -1].float(), lambda i: (i, prompt_rows[i]))
+    scores = processing(logits[:, -1].float(), lambda i: (i, prompt_rows[i]))
     first = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1) if gen.do_sample else scores.argmax(-1)
-    taps = torch.cat([out.hidden_states[i] for i in drafter.tap_hidden_state_ids], dim=-1)
-    feats = drafter.context_features(taps)
-    ctx_kv = drafter.context_kv(feats, positions)
     ctx_valid = attn.clone()  # [R, C] mirrors the target cache's validity
     stats.verify_time_s += time.perf_counter() - t0
 
@@ -303,17 +306,8 @@ def generate(
 
         # ---- verify: one target forward over the ragged batch
         verify_ids, verify_pos, valid = build_verify_inputs(anchor, draft.tokens, lengths, anchor_pos, pad_id)
-        mask = torch.cat([ctx_valid, valid], dim=1)
-        out = model(
-            input_ids=verify_ids,
-            attention_mask=mask.long(),
-            position_ids=verify_pos,
-            use_cache=True,
-            output_hidden_states=drafter.tap_hidden_state_ids,
-            **{cache_key: cache},
-            **model_kwargs,
-        )
-        logits = out.logits.float()  # [R, width, V]
+        logits, new_kv = target_forward(verify_ids, torch.cat([ctx_valid, valid], dim=1), verify_pos, cache)
+        logits = logits.float()  # [R, width, V]
         flat_rows = torch.arange(n, device=device).repeat_interleave(lengths + 1)
         flat_pos = torch.cat([torch.arange(int(l) + 1, device=device) for l in lengths])
         flat_logits = logits[flat_rows, flat_pos]  # [T, V]
@@ -347,8 +341,6 @@ def generate(
         chunks = [emitted[i, : int(num_acc[i]) + 1].tolist() for i in range(n)]
         active = _commit(generated, rows, chunks, eos, budget, other_criteria, prompt_rows, streamer)
         keep = torch.arange(width, device=device)[None, :] <= num_acc[:, None]  # [R, width]
-        taps = torch.cat([out.hidden_states[i] for i in drafter.tap_hidden_state_ids], dim=-1)
-        new_kv = drafter.context_kv(drafter.context_features(taps), verify_pos)
         ctx_kv = [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(ctx_kv, new_kv)]
         ctx_valid = torch.cat([ctx_valid, keep & valid], dim=1)
         anchor = emitted[torch.arange(n, device=device), num_acc]

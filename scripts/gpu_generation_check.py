@@ -27,9 +27,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
 import hf_dspark
-import hf_dspark.generation as G
 from hf_dspark import DSparkConfig, DSparkDrafter
-from hf_dspark.drafting import Draft
+from hf_dspark.testing import oracle_drafts
 
 
 def tiny(vocab=4096, hidden=256, layers=8, dtype=torch.float32, seed=0, **kw):
@@ -56,29 +55,6 @@ def ragged(vocab, lengths, seed=0):
     return {"input_ids": ids.to(DEVICE), "attention_mask": mask.to(DEVICE)}
 
 
-def install_oracle(reference):
-    real = G.draft_block
-    gen = torch.Generator().manual_seed(0)
-
-    def drafted(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov):
-        out = real(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
-        tokens = out.tokens.clone()
-        for i in range(tokens.shape[0]):
-            seq = prefix(i, tokens.new_zeros(0))[1]
-            for ref in reference:
-                if ref.shape[0] > seq.shape[0] and torch.equal(ref[: seq.shape[0]], seq):
-                    cont = ref[seq.shape[0] : seq.shape[0] + tokens.shape[1]]
-                    tokens[i, : cont.shape[0]] = cont
-                    k = int(torch.randint(0, tokens.shape[1] + 3, (1,), generator=gen))
-                    if k < tokens.shape[1]:
-                        tokens[i, k] = (tokens[i, k] + 1) % drafter.config.vocab_size
-                    break
-        return Draft(tokens, out.q, out.conf_logits)
-
-    G.draft_block = drafted
-    return lambda: setattr(G, "draft_block", real)
-
-
 def greedy_checks() -> dict:
     model = tiny()
     drafter = drafter_for(model)
@@ -87,11 +63,8 @@ def greedy_checks() -> dict:
         enc = ragged(4096, lengths)
         ref = model.generate(**enc, max_new_tokens=64, do_sample=False, eos_token_id=None)
         plain_ok = torch.equal(model.generate(**enc, max_new_tokens=64, do_sample=False, eos_token_id=None, assistant_model=drafter), ref)
-        undo = install_oracle(ref)
-        try:
+        with oracle_drafts(ref):
             oracle_ok = torch.equal(model.generate(**enc, max_new_tokens=64, do_sample=False, eos_token_id=None, assistant_model=drafter), ref)
-        finally:
-            undo()
         out[name] = {"random_drafter_identical": plain_ok, "oracle_drafts_identical": oracle_ok,
                      "tau_oracle": drafter.last_stats.mean_accepted_length}
     return out
@@ -134,16 +107,13 @@ def timing() -> dict:
     for bs in (1, 16, 64):
         enc = ragged(32768, [64] * bs, seed=bs)
         ref = model.generate(**enc, max_new_tokens=128, do_sample=False, eos_token_id=None)
-        undo = install_oracle(ref)
-        try:
+        with oracle_drafts(ref):
             model.generate(**enc, max_new_tokens=16, do_sample=False, eos_token_id=None, assistant_model=drafter)
             sync()
             t0 = time.perf_counter()
             model.generate(**enc, max_new_tokens=128, do_sample=False, eos_token_id=None, assistant_model=drafter)
             sync()
             spec = time.perf_counter() - t0
-        finally:
-            undo()
         t0 = time.perf_counter()
         model.generate(**enc, max_new_tokens=128, do_sample=False, eos_token_id=None)
         sync()

@@ -3,6 +3,7 @@ stopping, streaming, statistics and bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import pytest
@@ -14,9 +15,9 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 import hf_dspark
 import hf_dspark.generation as G
-from hf_dspark.drafting import Draft
 from hf_dspark.scheduler import AdaptiveVerification, ConfidenceThreshold
 from hf_dspark.step_table import StepTimeTable
+from hf_dspark.testing import oracle_drafts
 
 
 def ragged_batch(vocab: int, lengths=(5, 9, 3, 12), seed=0):
@@ -31,35 +32,12 @@ def ragged_batch(vocab: int, lengths=(5, 9, 3, 12), seed=0):
 
 
 @pytest.fixture
-def oracle(monkeypatch):
-    """Replace the drafter's tokens by the reference continuation, corrupted at a random position.
-
-    Greedy output must not depend on what is drafted; near-perfect drafts exercise long accepted blocks, EOS
-    inside a block, per-row acceptance differences, cache holes and compaction.
-    """
-
-    def install(reference: torch.Tensor, seed: int = 0):
-        gen = torch.Generator().manual_seed(seed)
-        real = G.draft_block
-
-        def drafted(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov):
-            out = real(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
-            tokens = out.tokens.clone()
-            for i in range(tokens.shape[0]):
-                seq = prefix(i, tokens.new_zeros(0))[1]
-                for ref in reference:
-                    if ref.shape[0] > seq.shape[0] and torch.equal(ref[: seq.shape[0]], seq):
-                        cont = ref[seq.shape[0] : seq.shape[0] + tokens.shape[1]]
-                        tokens[i, : cont.shape[0]] = cont
-                        k = int(torch.randint(0, tokens.shape[1] + 3, (1,), generator=gen))
-                        if k < tokens.shape[1]:
-                            tokens[i, k] = (tokens[i, k] + 1) % drafter.config.vocab_size
-                        break
-            return Draft(tokens, out.q, out.conf_logits)
-
-        monkeypatch.setattr(G, "draft_block", drafted)
-
-    return install
+def oracle():
+    """`oracle(reference)` makes the drafter propose the reference continuation with one corrupted token
+    (hf_dspark.testing.oracle_drafts) until the test ends."""
+    stack = contextlib.ExitStack()
+    yield lambda reference, seed=0: stack.enter_context(oracle_drafts(reference, seed))
+    stack.close()
 
 
 # ------------------------------------------------------------------------------------------------ greedy exactness

@@ -1,0 +1,44 @@
+"""Test helpers shared by the test suite and the GPU check script.
+
+`oracle_drafts(reference)` makes the drafter propose the reference continuation with one corrupted token at a
+random position. Greedy output must not depend on what is drafted, so this exercises long accepted blocks, EOS and
+stop strings inside a block, per-row acceptance differences, cache holes and compaction -- without a trained drafter.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+from . import generation
+from .drafting import Draft
+
+
+@contextmanager
+def oracle_drafts(reference: torch.Tensor, seed: int = 0) -> Iterator[None]:
+    """reference [N, S]: full sequences (prompt + continuation) of plain greedy decoding."""
+    gen = torch.Generator().manual_seed(seed)
+    real = generation.draft_block
+
+    def drafted(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov):
+        out = real(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
+        tokens = out.tokens.clone()
+        for i in range(tokens.shape[0]):
+            seq = prefix(i, tokens.new_zeros(0))[1]
+            for ref in reference:
+                if ref.shape[0] > seq.shape[0] and torch.equal(ref[: seq.shape[0]], seq):
+                    cont = ref[seq.shape[0] : seq.shape[0] + tokens.shape[1]]
+                    tokens[i, : cont.shape[0]] = cont
+                    k = int(torch.randint(0, tokens.shape[1] + 3, (1,), generator=gen))
+                    if k < tokens.shape[1]:
+                        tokens[i, k] = (tokens[i, k] + 1) % drafter.config.vocab_size
+                    break
+        return Draft(tokens, out.q, out.conf_logits)
+
+    generation.draft_block = drafted
+    try:
+        yield
+    finally:
+        generation.draft_block = real
