@@ -221,52 +221,36 @@ def plot(records: list[Record], folder: str | Path) -> list[Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for prompt_set in sorted({r.prompt_set for r in records}):
-        recs = [r for r in records if r.prompt_set == prompt_set and r.supported]
+
+    def figure(name: str, title: str, xlabel: str, ylabel: str, curves: dict[str, list[tuple[float, float]]], logx: bool):
         fig, ax = plt.subplots(figsize=(6, 4))
-        for c in CONTENDERS:
-            pts = sorted((r.batch_size, r.tokens_per_s) for r in recs if r.contender == c)
+        for label, pts in curves.items():
             if pts:
-                ax.plot(*zip(*pts), "o-", label=c)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch size")
-        ax.set_ylabel("new tokens / s")
-        ax.set_title(f"Throughput ({prompt_set})")
+                ax.plot(*zip(*pts), "o-", label=label)
+        if logx:
+            ax.set_xscale("log", base=2)
+        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        written.append(folder / f"throughput_{prompt_set}.png")
+        written.append(folder / name)
         fig.savefig(written[-1], dpi=110)
         plt.close(fig)
 
-        fig, ax = plt.subplots(figsize=(6, 4))
+    for s in sorted({r.prompt_set for r in records}):
+        recs = [r for r in records if r.prompt_set == s and r.supported]
+        by = lambda c, key: sorted((r.batch_size, getattr(r, key)) for r in recs if r.contender == c)  # noqa: E731
+        figure(f"throughput_{s}.png", f"Throughput ({s})", "batch size", "new tokens / s",
+               {c: by(c, "tokens_per_s") for c in CONTENDERS}, logx=True)
+        smallest = min(r.batch_size for r in recs)
+        acceptance = {}
         for c in ("dflash", "dspark"):
-            r = next((r for r in recs if r.contender == c and r.batch_size == min(x.batch_size for x in recs)), None)
+            r = next((r for r in recs if r.contender == c and r.batch_size == smallest), None)
             if r is not None and r.per_position_acceptance:
-                ax.plot(range(1, len(r.per_position_acceptance) + 1), r.per_position_acceptance, "o-", label=f"{c} (tau {r.mean_accepted_length:.2f})")
-        ax.set_xlabel("draft position")
-        ax.set_ylabel("P(accept | prefix accepted)")
-        ax.set_ylim(0, 1)
-        ax.set_title(f"Per-position acceptance ({prompt_set})")
-        ax.legend()
-        fig.tight_layout()
-        written.append(folder / f"acceptance_{prompt_set}.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
-
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for c in ("dspark", "dspark_adaptive"):
-            pts = sorted((r.batch_size, r.verified_drafts_per_request) for r in recs if r.contender == c)
-            if pts:
-                ax.plot(*zip(*pts), "o-", label=c)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch size")
-        ax.set_ylabel("drafts verified per request per step")
-        ax.set_title(f"Verify budget ({prompt_set})")
-        ax.legend()
-        fig.tight_layout()
-        written.append(folder / f"verify_budget_{prompt_set}.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
+                acceptance[f"{c} (tau {r.mean_accepted_length:.2f})"] = list(enumerate(r.per_position_acceptance, 1))
+        figure(f"acceptance_{s}.png", f"Per-position acceptance ({s}, batch {smallest})", "draft position",
+               "P(accept | prefix accepted)", acceptance, logx=False)
+        figure(f"verify_budget_{s}.png", f"Verify budget ({s})", "batch size", "drafts verified per request per step",
+               {c: by(c, "verified_drafts_per_request") for c in ("dspark", "dspark_adaptive")}, logx=True)
     return written
 
 

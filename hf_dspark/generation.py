@@ -150,6 +150,32 @@ def _choose_policy(
     return FullBlock(num_speculative_tokens)
 
 
+def _check_inputs(model, cfg, gen, input_ids, num_speculative_tokens, cache) -> DynamicCache:
+    """Refuse what the loop cannot do exactly, with one-sentence errors; returns the (empty, dynamic) cache."""
+    if getattr(gen, "num_beams", 1) > 1:
+        raise ValueError("DSpark speculative decoding does not support beam search; set num_beams=1.")
+    if num_speculative_tokens is not None and not 0 <= num_speculative_tokens <= cfg.block_size:
+        raise ValueError(
+            f"num_speculative_tokens={num_speculative_tokens} must be in [0, block_size={cfg.block_size}]; the drafter "
+            "always drafts its trained block."
+        )
+    if cache is None:
+        cache = DynamicCache(config=model.config)
+    if not isinstance(cache, DynamicCache) or any(not isinstance(l, DynamicLayer) or getattr(l, "is_sliding", False) for l in cache.layers):
+        raise ValueError(
+            f"DSpark needs a dynamic cache, got {type(cache).__name__}; drop cache_implementation='static'/'sliding' "
+            "(per-row rollback needs a growable cache)."
+        )
+    if cache.get_seq_length() > 0:
+        raise ValueError("DSpark generation starts from an empty cache; do not pass a pre-filled past_key_values/cache.")
+    if input_ids.shape[1] == 0:
+        raise ValueError("The prompt is empty; give at least one token (e.g. the BOS token or a chat template).")
+    max_pos = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if max_pos is not None and input_ids.shape[1] >= max_pos:
+        raise ValueError(f"The prompt has {input_ids.shape[1]} tokens but the target's context is {max_pos}; truncate the prompt.")
+    return cache
+
+
 @torch.no_grad()
 def generate(
     model: PreTrainedModel,
@@ -192,32 +218,10 @@ def generate(
     drafter.require_target(model)
     cfg = drafter.config
     gen = generation_config
-    if getattr(gen, "num_beams", 1) > 1:
-        raise ValueError("DSpark speculative decoding does not support beam search; set num_beams=1.")
-    if num_speculative_tokens is not None and not 0 <= num_speculative_tokens <= cfg.block_size:
-        raise ValueError(
-            f"num_speculative_tokens={num_speculative_tokens} must be in [0, block_size={cfg.block_size}]; the drafter "
-            "always drafts its trained block."
-        )
     cache_key = _cache_kwarg(model)
     cache = model_kwargs.pop(cache_key, None)
     model_kwargs.pop("past_key_values", None)
-    if cache is None:
-        cache = DynamicCache(config=model.config)
-    if not isinstance(cache, DynamicCache) or any(not isinstance(l, DynamicLayer) or getattr(l, "is_sliding", False) for l in cache.layers):
-        raise ValueError(
-            f"DSpark needs a dynamic cache, got {type(cache).__name__}; drop cache_implementation='static'/'sliding' "
-            "(per-row rollback needs a growable cache)."
-        )
-    if cache.get_seq_length() > 0:
-        raise ValueError("DSpark generation starts from an empty cache; do not pass a pre-filled past_key_values/cache.")
-    if input_ids.shape[1] == 0:
-        raise ValueError("The prompt is empty; give at least one token (e.g. the BOS token or a chat template).")
-    max_pos = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    if max_pos is not None and input_ids.shape[1] >= max_pos:
-        raise ValueError(
-            f"The prompt has {input_ids.shape[1]} tokens but the target's context is {max_pos}; truncate the prompt."
-        )
+    cache = _check_inputs(model, cfg, gen, input_ids, num_speculative_tokens, cache)
 
     device = input_ids.device
     n_rows, prompt_len = input_ids.shape
@@ -228,9 +232,9 @@ def generate(
     model_kwargs.pop("logits_to_keep", None)
     max_length = int(gen.max_length) if gen.max_length is not None else prompt_len + 20
     budget = max_length - prompt_len  # new tokens allowed per row
-    eos_ids = gen._eos_token_tensor if getattr(gen, "_eos_token_tensor", None) is not None else None
+    eos_ids = getattr(gen, "_eos_token_tensor", None)
     eos = set(eos_ids.flatten().tolist()) if eos_ids is not None else set()
-    pad_id = gen._pad_token_tensor if getattr(gen, "_pad_token_tensor", None) is not None else None
+    pad_id = getattr(gen, "_pad_token_tensor", None)
     pad_id = int(pad_id) if pad_id is not None else (min(eos) if eos else 0)
     other_criteria = [c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
     if stop_strings is not None:
