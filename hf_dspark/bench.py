@@ -92,7 +92,8 @@ def _new_token_count(sequences: torch.Tensor, prompt_len: int, eos: set[int]) ->
 
 
 class Bench:
-    def __init__(self, model, tokenizer, drafter, dflash_drafter=None, max_new_tokens: int = 128) -> None:
+    def __init__(self, model, tokenizer, drafter, dflash_drafter=None, max_new_tokens: int = 128, profile_kwargs=None) -> None:
+        self.profile_kwargs = profile_kwargs or {}
         self.model, self.tok, self.drafter = model, tokenizer, drafter
         self.dflash_drafter = dflash_drafter
         self.max_new_tokens = max_new_tokens
@@ -138,7 +139,7 @@ class Bench:
                 self.model,
                 drafter_repo=getattr(self.drafter, "name_or_path", None) or None,
                 target_id=str(self.model.name_or_path),
-                profile_kwargs={"num_requests": (1, 4, 16, 32, 64), "repeats": 3},
+                profile_kwargs=self.profile_kwargs,
             )
         return self._table
 
@@ -288,7 +289,14 @@ def run_cli(args: argparse.Namespace) -> int:
     model, tok = load_target(args.target, dtype=args.dtype)
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=model)
     twin = DSparkDrafter.from_pretrained(args.dflash_drafter, target=model) if args.dflash_drafter else None
-    bench = Bench(model, tok, drafter, twin, args.max_new_tokens)
+    profile_kwargs = {
+        "num_requests": tuple(sorted(set(sizes))),
+        "batch_tokens": [n for n in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512) if n <= 8 * max(sizes)],
+        "context_len": 128,
+        "repeats": 2,
+        "warmup": 1,
+    }
+    bench = Bench(model, tok, drafter, twin, args.max_new_tokens, profile_kwargs)
     records: list[Record] = []
     for s, prompts in prompt_lists.items():
         for bs in sizes:

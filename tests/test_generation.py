@@ -340,3 +340,21 @@ def test_other_calls_are_untouched(tiny_target):
     plain = tiny_target.generate(**enc, max_new_tokens=5, do_sample=False, eos_token_id=None)
     lookup = tiny_target.generate(**enc, max_new_tokens=5, do_sample=False, eos_token_id=None, prompt_lookup_num_tokens=3)
     assert torch.equal(plain, lookup)
+
+
+@pytest.mark.real
+def test_real_smollm2_shipped_drafter_is_exact(smollm2):
+    """The trained drafter shipped in model_cards/ gives plain generate()'s output (fp32, greedy, batch 1 and 4)."""
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.bench import default_drafter
+
+    model, tok = smollm2
+    drafter = DSparkDrafter.from_pretrained(default_drafter(), target=model)
+    assert drafter.calibration is not None
+    prompts = ["What is 7 + 5?", "Write a Python function that adds two numbers.", "Hello!", "List two fruits."]
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in prompts]
+    for batch in (texts[:1], texts):
+        enc = tok(batch, return_tensors="pt", padding=True)
+        ref = model.generate(**enc, max_new_tokens=24, do_sample=False)
+        assert torch.equal(model.generate(**enc, max_new_tokens=24, do_sample=False, assistant_model=drafter), ref)
+        assert drafter.last_stats.steps > 0
