@@ -24,7 +24,7 @@ PROMPTS = {
     "code": "Write a Python function `is_palindrome(s: str) -> bool` that ignores case and spaces, with a docstring and two examples.",
     "chat": "Give me three tips for staying focused while studying, in short bullet points.",
 }
-MAX_NEW_TOKENS = 128
+MAX_NEW_TOKENS = 64
 REPEATS = 3
 
 

@@ -132,15 +132,11 @@ class Bench:
         raise ValueError(contender)
 
     def step_table(self):
+        """Profiled fresh for this run's batch sizes (a cached table may cover other sizes)."""
         if self._table is None:
-            from .step_table import load_or_profile
+            from .step_table import profile
 
-            self._table = load_or_profile(
-                self.model,
-                drafter_repo=getattr(self.drafter, "name_or_path", None) or None,
-                target_id=str(self.model.name_or_path),
-                profile_kwargs=self.profile_kwargs,
-            )
+            self._table = profile(self.model, target_id=str(self.model.name_or_path), **self.profile_kwargs)
         return self._table
 
     def run(self, prompt_set: str, prompts: list[str], batch_size: int, contenders: list[str], repeats: int) -> list[Record]:
