@@ -213,8 +213,7 @@ def generate(
     """
     if drafter is None:
         raise ValueError("hf_dspark.generate needs drafter=<DSparkDrafter>; load one with DSparkDrafter.from_pretrained(..., target=model).")
-    if not isinstance(drafter, DSparkDrafter):
-        drafter = _unwrap_peft(drafter)
+    drafter = _unwrap_peft(drafter)
     drafter.require_target(model)
     cfg = drafter.config
     gen = generation_config
@@ -426,10 +425,17 @@ def _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer):
     return sequences
 
 
+def _as_drafter(obj: Any) -> DSparkDrafter | None:
+    """The DSparkDrafter itself, or the one inside a PEFT model (LoRA layers stay active); else None."""
+    if isinstance(obj, DSparkDrafter):
+        return obj
+    base = getattr(getattr(obj, "base_model", None), "model", None)
+    return base if isinstance(base, DSparkDrafter) else None
+
+
 def _unwrap_peft(drafter: Any) -> DSparkDrafter:
-    """Accept a PEFT-wrapped drafter (PeftModel around a DSparkDrafter); LoRA layers stay active."""
-    base = getattr(getattr(drafter, "base_model", None), "model", None)
-    if isinstance(base, DSparkDrafter):
+    """Accept a PEFT-wrapped drafter (PeftModel around a DSparkDrafter)."""
+    if (base := _as_drafter(drafter)) is not None:
         return base
     raise TypeError(f"drafter must be a DSparkDrafter (or a PEFT model wrapping one), got {type(drafter).__name__}.")
 
@@ -438,17 +444,10 @@ def _unwrap_peft(drafter: Any) -> DSparkDrafter:
 _ORIGINAL_GENERATE = GenerationMixin.generate
 
 
-def _is_dspark(obj: Any) -> bool:
-    if isinstance(obj, DSparkDrafter):
-        return True
-    base = getattr(getattr(obj, "base_model", None), "model", None)
-    return isinstance(base, DSparkDrafter)
-
-
 @functools.wraps(_ORIGINAL_GENERATE)
 def _generate_with_dspark_route(self, *args: Any, **kwargs: Any):
     assistant = kwargs.get("assistant_model")
-    if assistant is None or not _is_dspark(assistant):
+    if _as_drafter(assistant) is None:
         return _ORIGINAL_GENERATE(self, *args, **kwargs)
     if kwargs.get("custom_generate") is not None:
         raise ValueError("Pass either assistant_model=<DSparkDrafter> or custom_generate=..., not both.")

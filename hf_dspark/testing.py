@@ -16,6 +16,18 @@ from . import generation
 from .drafting import Draft
 
 
+def ragged_batch(vocab: int, lengths=(5, 9, 3, 12), seed: int = 0, device: str | torch.device = "cpu") -> dict:
+    """Left-padded random prompts of the given lengths: {"input_ids": [N, max_len], "attention_mask": [N, max_len]}."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, n in enumerate(lengths):
+        ids[r, width - n :] = torch.randint(3, vocab - 1, (n,), generator=g)
+        mask[r, width - n :] = 1
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+
+
 @contextmanager
 def oracle_drafts(reference: torch.Tensor, seed: int = 0) -> Iterator[None]:
     """reference [N, S]: full sequences (prompt + continuation) of plain greedy decoding."""

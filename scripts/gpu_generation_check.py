@@ -28,7 +28,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 import hf_dspark
 from hf_dspark import DSparkConfig, DSparkDrafter
-from hf_dspark.testing import oracle_drafts
+from hf_dspark.testing import oracle_drafts, ragged_batch
 
 
 def tiny(vocab=4096, hidden=256, layers=8, dtype=torch.float32, seed=0, **kw):
@@ -45,14 +45,7 @@ def drafter_for(model, rank=32, seed=1):
 
 
 def ragged(vocab, lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    w = max(lengths)
-    ids = torch.zeros(len(lengths), w, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, n in enumerate(lengths):
-        ids[r, w - n :] = torch.randint(3, vocab - 1, (n,), generator=g)
-        mask[r, w - n :] = 1
-    return {"input_ids": ids.to(DEVICE), "attention_mask": mask.to(DEVICE)}
+    return ragged_batch(vocab, lengths, seed, device=DEVICE)
 
 
 def greedy_checks() -> dict:

@@ -17,18 +17,7 @@ import hf_dspark
 import hf_dspark.generation as G
 from hf_dspark.scheduler import AdaptiveVerification, ConfidenceThreshold
 from hf_dspark.step_table import StepTimeTable
-from hf_dspark.testing import oracle_drafts
-
-
-def ragged_batch(vocab: int, lengths=(5, 9, 3, 12), seed=0):
-    g = torch.Generator().manual_seed(seed)
-    width = max(lengths)
-    ids = torch.zeros(len(lengths), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, n in enumerate(lengths):
-        ids[r, width - n :] = torch.randint(3, vocab - 1, (n,), generator=g)
-        mask[r, width - n :] = 1
-    return {"input_ids": ids, "attention_mask": mask}
+from hf_dspark.testing import oracle_drafts, ragged_batch
 
 
 @pytest.fixture
