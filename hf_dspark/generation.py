@@ -34,7 +34,7 @@ from transformers.generation.stopping_criteria import (
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
-from .drafting import draft_block
+from .drafting import Draft, draft_block
 from .kernels import build_verify_inputs, gather_kv, rejection_sample
 from .modeling import DSparkDrafter
 from .processing import Processing
@@ -53,6 +53,7 @@ class DSparkStats:
 
     block_size: int
     steps: int = 0
+    drafted_steps: int = 0  # steps that ran the drafter (the scheduler may skip it when drafting does not pay)
     accepted_lengths: list[int] = field(default_factory=list)  # per (row, step): a + 1
     verified_lengths: list[int] = field(default_factory=list)  # per (row, step): drafts verified l
     verified_per_step: list[float] = field(default_factory=list)  # mean drafts verified per request, per step
@@ -92,6 +93,7 @@ class DSparkStats:
     def summary(self) -> dict[str, Any]:
         return {
             "steps": self.steps,
+            "drafted_steps": self.drafted_steps,
             "mean_accepted_length": self.mean_accepted_length,
             "per_position_acceptance": self.per_position_acceptance,
             "verified_tokens": self.verified_tokens,
@@ -294,13 +296,23 @@ def generate(
             row = int(_rows[i])
             return row, torch.cat([prompt_rows[row], _hist[i], drafts])
 
-        draft = draft_block(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
+        if policy.wants_drafts(n):
+            draft = draft_block(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # the policy prices drafting with this wall time
+            policy.observe_draft_time(n, time.perf_counter() - t0)
+            stats.drafted_steps += 1
+        else:  # a plain target step: the policy judged that drafting does not pay at this load
+            draft = Draft(tokens=torch.empty((n, 0), dtype=torch.long, device=device), q=None, conf_logits=None)
         stats.draft_time_s += time.perf_counter() - t0
 
         # ---- how many drafts each row verifies (never more than the row can still emit)
         t0 = time.perf_counter()
         remaining = torch.tensor([budget - len(generated[int(r)]) for r in rows], device=device)
-        lengths = policy.lengths(draft.conf_logits, cfg.block_size, num_requests=n).to(device)
+        if draft.tokens.shape[1] == 0:
+            lengths = torch.zeros(n, dtype=torch.long, device=device)
+        else:
+            lengths = policy.lengths(draft.conf_logits, cfg.block_size, num_requests=n).to(device)
         cap = (remaining - 1).clamp(min=0)
         if num_speculative_tokens is not None:
             cap = cap.clamp(max=num_speculative_tokens)
@@ -335,7 +347,7 @@ def generate(
         stats.verified_per_step.append(float(lengths.float().mean()))
         stats.accepted_lengths.extend((num_acc + 1).tolist())
         stats.verified_lengths.extend(lengths.tolist())
-        if draft.conf_logits is not None:
+        if draft.conf_logits is not None and draft.tokens.shape[1] > 0:
             stats.conf_logits.append(draft.conf_logits.detach().cpu())
             stats.num_accepted.append(num_acc.cpu())
             stats.num_verified.append(lengths.cpu())

@@ -135,20 +135,27 @@ def _slot_order(s: Tensor) -> tuple[Tensor, Tensor]:
     return values, order % R
 
 
-def _throughput(sorted_survival: Tensor, num_requests: int, table: StepTimeTable) -> Tensor:
-    """Theta(n) for n = 0..n_max admitted slots, taken in the given (descending) order.
+def _expected_tokens_and_sps(sorted_survival: Tensor, num_requests: int, table: StepTimeTable) -> tuple[Tensor, Tensor]:
+    """Expected committed tokens R + sum of the first n survivals, and SPS(R + n), for n = 0..n_max.
 
-    sorted_survival: [M] float64. Returns [n_max + 1] float64, n_max = min(M, max_batch_tokens - R): the table
-    cannot price a batch above its max_batch_tokens, so the scheduler never goes there.
+    sorted_survival: [M] float64 (descending). Returns two [n_max + 1] float64 tensors, n_max = min(M,
+    max_batch_tokens - R): the table cannot price a batch above its max_batch_tokens, so the scheduler never goes
+    there (when even R is beyond it, only n = 0 is returned, priced at the table's last probe).
     """
     R = num_requests
     n_max = max(0, min(sorted_survival.numel(), table.max_batch_tokens - R))
     expected_tokens = sorted_survival.new_zeros(n_max + 1)
     torch.cumsum(sorted_survival[:n_max], 0, out=expected_tokens[1:])
-    if R > table.max_batch_tokens:  # even plain decoding is beyond the table: only n = 0 is possible
-        return expected_tokens.add_(R)
-    sps = table.steps_per_sec_range(R, R + n_max + 1).to(sorted_survival.device)
-    return expected_tokens.add_(R).mul_(sps)
+    expected_tokens.add_(R)
+    lo = min(R, table.max_batch_tokens)
+    sps = table.steps_per_sec_range(lo, lo + n_max + 1).to(sorted_survival.device)
+    return expected_tokens, sps
+
+
+def _throughput(sorted_survival: Tensor, num_requests: int, table: StepTimeTable) -> Tensor:
+    """Theta(n) = (R + sum of the first n survivals) * SPS(R + n) for n = 0..n_max ([n_max + 1] float64)."""
+    expected_tokens, sps = _expected_tokens_and_sps(sorted_survival, num_requests, table)
+    return expected_tokens.mul_(sps)
 
 
 def algorithm1(survival: Tensor, table: StepTimeTable) -> Tensor:
@@ -194,13 +201,21 @@ def budget(stale_survival: Tensor, table: StepTimeTable, num_requests: int | Non
     Returns:
         K, the number of draft slots to verify this step (0..R*B).
     """
+    values, R = _stale_values(stale_survival, num_requests)
+    if R == 0:
+        return 0
+    return int(torch.argmax(_throughput(values, R, table)))
+
+
+def _stale_values(stale_survival: Tensor, num_requests: int | None) -> tuple[Tensor, int]:
+    """Stale survivals sorted descending and mapped onto the current R requests by rank quantile (see `budget`)."""
     s = _checked_survival(stale_survival)
     R_stale, B = s.shape
     R = R_stale if num_requests is None else int(num_requests)
     if R < 0:
         raise ValueError(f"num_requests must be >= 0, got {R}.")
     if R == 0:
-        return 0
+        return s.new_zeros(0), 0
     if R_stale == 0:
         raise ValueError(
             f"stale_survival has no rows, so it says nothing about a batch of {R} requests; "
@@ -210,7 +225,34 @@ def budget(stale_survival: Tensor, table: StepTimeTable, num_requests: int | Non
     if R != R_stale:
         j = torch.arange(1, R * B + 1, device=s.device)
         values = values[(j * R_stale + R - 1) // R - 1]
-    return int(torch.argmax(_throughput(values, R, table)))
+    return values, R
+
+
+def worth_drafting(
+    stale_survival: Tensor, table: StepTimeTable, draft_seconds: float, num_requests: int | None = None
+) -> bool:
+    """Whether a drafter pass pays for itself this step, judged from stale survival (so the choice is exact).
+
+    Drafting costs `draft_seconds` before the verify forward. With the best budget K, a drafted step commits
+    R + S_K tokens (S_K = sum of the top-K stale survivals) in draft_seconds + 1 / SPS(R + K); a plain step commits
+    R tokens in 1 / SPS(R). Returns True iff max_K (R + S_K) / (draft_seconds + 1 / SPS(R + K)) > R * SPS(R).
+    The decision depends only on earlier steps, never on the drafts it would produce, so skipping the drafter
+    (a plain target step: verify the anchor only) leaves the output distribution untouched.
+
+    Args:
+        stale_survival: [R', B] survival of an earlier drafted step.
+        table: StepTimeTable (target steps per second against verify tokens).
+        draft_seconds: measured wall time of one drafter pass at this batch size (>= 0).
+        num_requests: R, the current number of requests (default R').
+    """
+    if not draft_seconds >= 0:
+        raise ValueError(f"draft_seconds must be a non-negative number, got {draft_seconds}.")
+    values, R = _stale_values(stale_survival, num_requests)
+    if R == 0:
+        return False
+    expected_tokens, sps = _expected_tokens_and_sps(values, R, table)
+    drafted = expected_tokens / (draft_seconds + 1.0 / sps)  # [K + 1]
+    return bool(drafted.max() > expected_tokens[0] * sps[0])
 
 
 def allocate(survival: Tensor, K: int) -> Tensor:
@@ -251,6 +293,16 @@ class VerifyPolicy:
 
     def reset(self) -> None:
         """Forget per-generation state (history of earlier steps)."""
+
+    def wants_drafts(self, num_requests: int) -> bool:
+        """Whether the loop runs the drafter this step; False makes it a plain target step (anchor only).
+
+        Called before drafting, so it may use only earlier steps (that keeps every policy exact).
+        """
+        return True
+
+    def observe_draft_time(self, num_requests: int, seconds: float) -> None:
+        """Wall time of this step's drafter pass at batch size `num_requests` (used by policies that price it)."""
 
     def lengths(self, conf_logits: Tensor | None, block_size: int, num_requests: int | None = None) -> Tensor:
         """Drafts to verify per request.
@@ -342,29 +394,69 @@ class AdaptiveVerification(VerifyPolicy):
     Until `staleness` steps of history exist (the first steps of each generate call) every request verifies the
     full block. When the table was profiled for several batch sizes, the curve for the current R is used
     (`StepTimeTable.for_num_requests`).
+
+    Drafting is priced too (`skip_drafting=True`, our addition to the paper's rule): before each step the policy
+    asks `worth_drafting` whether a drafter pass plus the best verify budget beats a plain target step, using the
+    most recent drafted step's survival and the measured drafter time at this batch size. If not, the loop skips
+    the drafter and runs a plain step, so a weak drafter or a loaded device costs (almost) nothing. While skipping,
+    it drafts anyway every `probe_every` steps to refresh survival, doubling the interval after each probe that
+    confirms the skip, up to `max_probe_every`. All of this looks only at earlier steps: exact.
     """
 
     needs_confidence = True
 
-    def __init__(self, table: StepTimeTable, temperatures: Tensor | None = None, staleness: int = 2):
+    def __init__(
+        self,
+        table: StepTimeTable,
+        temperatures: Tensor | None = None,
+        staleness: int = 2,
+        skip_drafting: bool = True,
+        probe_every: int = 4,
+        max_probe_every: int = 64,
+    ):
         if staleness < 1:
             raise ValueError(
                 f"staleness must be >= 1, got {staleness}: a budget chosen from the current step's own survival "
                 "is not exact; use algorithm1 for same-step scheduling."
             )
+        if not 1 <= probe_every <= max_probe_every:
+            raise ValueError(f"Need 1 <= probe_every <= max_probe_every, got {probe_every} and {max_probe_every}.")
         self.table = table
         self.temperatures = _checked_temperatures(temperatures)
         self.staleness = staleness
+        self.skip_drafting = skip_drafting
+        self.probe_every, self.max_probe_every = probe_every, max_probe_every
         self._history: deque[Tensor] = deque(maxlen=staleness)  # survival [R_t, B] of the last steps, oldest first
         self._tables: dict[int, StepTimeTable] = {}
+        self._draft_seconds: dict[int, float] = {}  # batch size -> running mean of the drafter's wall time
+        self._skipped, self._interval = 0, probe_every
 
     def reset(self) -> None:
         self._history.clear()
+        self._skipped, self._interval = 0, self.probe_every
 
     def _table_for(self, num_requests: int) -> StepTimeTable:
         if num_requests not in self._tables:
             self._tables[num_requests] = self.table.for_num_requests(num_requests)
         return self._tables[num_requests]
+
+    def observe_draft_time(self, num_requests: int, seconds: float) -> None:
+        old = self._draft_seconds.get(num_requests)
+        self._draft_seconds[num_requests] = seconds if old is None else 0.5 * (old + seconds)
+
+    def wants_drafts(self, num_requests: int) -> bool:
+        if not self.skip_drafting or len(self._history) < self.staleness or not self._draft_seconds:
+            return True
+        # the drafter's time at the nearest measured batch size (ties: the larger one)
+        seen = min(self._draft_seconds, key=lambda r: (abs(r - num_requests), -r))
+        if worth_drafting(self._history[-1], self._table_for(num_requests), self._draft_seconds[seen], num_requests):
+            self._skipped, self._interval = 0, self.probe_every
+            return True
+        self._skipped += 1
+        if self._skipped <= self._interval:
+            return False
+        self._skipped, self._interval = 0, min(2 * self._interval, self.max_probe_every)  # probe
+        return True
 
     def _lengths(self, conf_logits, num_requests, block_size):
         survival = torch.cumprod(_calibrated_confidence(conf_logits, self.temperatures), dim=-1)  # [R, B]
@@ -377,7 +469,10 @@ class AdaptiveVerification(VerifyPolicy):
         return lengths
 
     def __repr__(self):
-        return f"{type(self).__name__}(staleness={self.staleness}, calibrated={self.temperatures is not None})"
+        return (
+            f"{type(self).__name__}(staleness={self.staleness}, calibrated={self.temperatures is not None}, "
+            f"skip_drafting={self.skip_drafting})"
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------

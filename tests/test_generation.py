@@ -44,6 +44,16 @@ def test_greedy_identical_tiny_ragged_batch(tiny_target, tiny_drafter, oracle, m
             assert tiny_drafter.last_stats.mean_accepted_length > 3.0
 
 
+def test_greedy_identical_when_the_scheduler_skips_drafting(tiny_target, tiny_drafter, oracle):
+    enc = ragged_batch(256, seed=5)
+    ref = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    oracle(ref)
+    out = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, verify_policy=skipping_policy())
+    assert torch.equal(out, ref)
+    stats = tiny_drafter.last_stats
+    assert 0 < stats.drafted_steps < stats.steps and stats.accepted_tokens > 0
+
+
 def test_greedy_identical_with_processors(tiny_target, tiny_drafter, oracle):
     """Processors that read input_ids (repetition penalty, no-repeat-ngram) see each row's exact prefix."""
     enc = ragged_batch(256, seed=3)
@@ -230,7 +240,13 @@ def small_vocab():
     return target, drafter, prompt, exact_joint(target, prompt, 0.8, 4)
 
 
-@pytest.mark.parametrize("policy", ["full", "threshold", "adaptive"])
+def skipping_policy() -> AdaptiveVerification:
+    """The scheduler on a device where a target step is ~free next to drafting: after the first step it skips the
+    drafter, probing every other step, so drafted and plain steps alternate inside one generate call."""
+    return AdaptiveVerification(StepTimeTable([1, 65536], [1e9, 5e8], 65536, {}), staleness=1, probe_every=1, max_probe_every=1)
+
+
+@pytest.mark.parametrize("policy", ["full", "threshold", "adaptive", "adaptive_skip"])
 def test_sampling_matches_target_distribution(small_vocab, policy):
     target, drafter, prompt, probs = small_vocab
     kw = {}
@@ -239,9 +255,14 @@ def test_sampling_matches_target_distribution(small_vocab, policy):
     elif policy == "adaptive":
         table = StepTimeTable([1, 2048, 8192, 16384], [100.0, 80.0, 30.0, 10.0], 65536, {})
         kw["verify_policy"] = AdaptiveVerification(table, staleness=1)
+    elif policy == "adaptive_skip":
+        kw["verify_policy"] = skipping_policy()
     counts = sample_counts(target, prompt, assistant_model=drafter, **kw)
     assert chi_square_pvalue(counts, probs) > 1e-3
-    assert drafter.last_stats.accepted_tokens > 0  # the verifier really accepted drafts
+    stats = drafter.last_stats
+    assert stats.accepted_tokens > 0  # the verifier really accepted drafts
+    if policy == "adaptive_skip":
+        assert 0 < stats.drafted_steps < stats.steps
 
 
 def test_sampling_test_catches_a_wrong_verifier(small_vocab, monkeypatch):

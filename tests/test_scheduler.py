@@ -17,6 +17,7 @@ from hf_dspark.scheduler import (
     budget,
     scheduler_overhead_ms,
     survival_from_confidence,
+    worth_drafting,
 )
 from hf_dspark.step_table import StepTimeTable
 
@@ -80,6 +81,16 @@ def budget_loop(stale, table, R):
     return best_k
 
 
+def worth_drafting_loop(stale, table, draft_seconds, R):
+    """Drafting pays iff some K gives (R + S_K) / (t_draft + 1 / SPS(R + K)) > R * SPS(R)."""
+    R_stale, B = stale.shape
+    values = sorted(stale.reshape(-1).tolist(), reverse=True)
+    values = [values[-(-j * R_stale // R) - 1] for j in range(1, R * B + 1)]
+    plain = R * table.steps_per_sec(min(R, table.max_batch_tokens))
+    ks = range(0, min(R * B, max(0, table.max_batch_tokens - R)) + 1)
+    return any((R + sum(values[:K])) / (draft_seconds + 1 / table.steps_per_sec(R + K)) > plain for K in ks)
+
+
 def allocate_loop(survival, K):
     lengths = [0] * survival.shape[0]
     for _, _, r in sorted_slots(survival)[:K]:
@@ -119,6 +130,55 @@ def test_budget_for_a_grown_batch_reads_stale_survival_as_a_distribution():
     for _ in range(100):
         stale, table = random_survival(rng, 2, 3), random_table(rng)
         assert budget(stale, table, num_requests=4) == budget(torch.cat([stale, stale]), table)
+
+
+def test_worth_drafting_matches_brute_force():
+    rng = random.Random(11)
+    decisions = set()
+    for _ in range(400):
+        R_stale, B = rng.randint(1, 3), rng.randint(1, 4)
+        stale, table = random_survival(rng, R_stale, B), random_table(rng)
+        R = rng.choice([R_stale, rng.randint(1, 4)])
+        draft_seconds = rng.choice([0.0, 0.05, 0.3, 1.0, 5.0]) / table.steps_per_sec(1)
+        got = worth_drafting(stale, table, draft_seconds, R)
+        assert got == worth_drafting_loop(stale, table, draft_seconds, R)
+        decisions.add(got)
+    assert decisions == {True, False}
+
+
+def test_worth_drafting_prices_the_drafter():
+    table = StepTimeTable([1, 8], [10.0, 9.0], max_batch_tokens=64)  # verifying 8 tokens is nearly free
+    good = torch.full((1, 7), 0.9).cumprod(1)
+    assert worth_drafting(good, table, draft_seconds=0.01)  # a cheap drafter with good survival pays
+    assert not worth_drafting(good, table, draft_seconds=10.0)  # a drafter 100x slower than a step does not
+    assert not worth_drafting(torch.zeros(1, 7), table, draft_seconds=0.0)  # nothing survives: plain is as good
+    with pytest.raises(ValueError, match="draft_seconds"):
+        worth_drafting(good, table, draft_seconds=float("nan"))
+
+
+def test_adaptive_skips_drafting_when_it_does_not_pay_and_probes_with_backoff():
+    table = StepTimeTable([1, 8], [10.0, 9.0], max_batch_tokens=64)
+    policy = AdaptiveVerification(table, staleness=1, probe_every=2, max_probe_every=8)
+    weak = torch.full((1, 7), -6.0)  # survival ~0.0025
+    assert policy.wants_drafts(1)  # no history yet
+    policy.observe_draft_time(1, 0.05)  # half a plain step
+    policy.lengths(weak, 7)
+    pattern = []
+    for _ in range(30):
+        drafting = policy.wants_drafts(1)
+        pattern.append(int(drafting))
+        if drafting:
+            policy.observe_draft_time(1, 0.05)
+            policy.lengths(weak, 7)
+    # skip 2, probe, skip 4, probe, skip 8, probe, skip 8, ...
+    assert pattern[:18] == [0, 0, 1, 0, 0, 0, 0, 1] + [0] * 8 + [1, 0]
+    strong = torch.full((1, 7), 8.0)
+    policy.lengths(strong, 7)  # a probe that finds drafting worthwhile again
+    assert all(policy.wants_drafts(1) for _ in range(5))
+    policy.reset()
+    assert AdaptiveVerification(table, staleness=1, skip_drafting=False).wants_drafts(1)
+    with pytest.raises(ValueError, match="probe_every"):
+        AdaptiveVerification(table, probe_every=0)
 
 
 def test_allocate_matches_brute_force_top_k_with_position_tie_break():
