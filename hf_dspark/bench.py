@@ -125,10 +125,9 @@ class Bench:
             from .scheduler import AdaptiveVerification
 
             temps = (self.drafter.calibration or {}).get("temperatures")
-            table = self.step_table()
-            return lambda enc: m.generate(
-                **enc, **kw, assistant_model=self.drafter, verify_policy=AdaptiveVerification(table, temperatures=temps)
-            )
+            # one scheduler per contender and batch size, kept across calls like an engine's (carry_over)
+            policy = AdaptiveVerification(self.step_table(), temperatures=temps, carry_over=True)
+            return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, verify_policy=policy)
         raise ValueError(contender)
 
     def step_table(self):

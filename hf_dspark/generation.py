@@ -145,11 +145,22 @@ def _choose_policy(
             if table is None:
                 why = "no step table is cached for this device (profile one with `hf-dspark profile`)"
             else:
-                return AdaptiveVerification(table, temperatures=temps)
+                return _persistent_scheduler(drafter, model, table, temps)
         if adaptive_verification:
             raise ValueError(f"adaptive_verification=True cannot run: {why}.")
         logger.info(f"hf_dspark: adaptive verification is off because {why}; verifying the full block.")
     return FullBlock(num_speculative_tokens)
+
+
+def _persistent_scheduler(drafter: DSparkDrafter, model: PreTrainedModel, table, temps) -> AdaptiveVerification:
+    """The drafter's scheduler for this target and table, kept across generate calls (carry_over=True)."""
+    temps_key = None if temps is None else tuple(float(t) for t in temps)
+    key = (id(model), str(next(model.parameters()).device), tuple(table.sample_batch_tokens), tuple(table.sample_steps_per_sec), temps_key)
+    cached = drafter._dspark_scheduler
+    if cached is None or cached[0] != key:
+        cached = (key, AdaptiveVerification(table, temperatures=temps, carry_over=True))
+        drafter._dspark_scheduler = cached
+    return cached[1]
 
 
 def _check_inputs(model, cfg, gen, input_ids, num_speculative_tokens, cache) -> DynamicCache:

@@ -245,6 +245,7 @@ class DSparkDrafter(PreTrainedModel):
         self._shared: tuple[nn.Module, nn.Module] | None = None  # (embeddings, lm_head) of the bound target
         self.calibration: dict | None = None  # Sequential Temperature Scaling result, if present
         self.last_stats: Any = None
+        self._dspark_scheduler: Any = None  # (key, AdaptiveVerification) reused across generate calls
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:

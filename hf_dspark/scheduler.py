@@ -391,8 +391,8 @@ class ConfidenceThreshold(VerifyPolicy):
 class AdaptiveVerification(VerifyPolicy):
     """The production rule: budget K from `staleness`-steps-old survival, slots to the top-K current survivals.
 
-    Until `staleness` steps of history exist (the first steps of each generate call) every request verifies the
-    full block. When the table was profiled for several batch sizes, the curve for the current R is used
+    Until `staleness` steps of history exist (the first steps of each generate call) the lengths come from
+    `algorithm1` on the current step's survival, which is exact with same-step scores. When the table was profiled for several batch sizes, the curve for the current R is used
     (`StepTimeTable.for_num_requests`).
 
     Drafting is priced too (`skip_drafting=True`, our addition to the paper's rule): before each step the policy
@@ -401,6 +401,10 @@ class AdaptiveVerification(VerifyPolicy):
     the drafter and runs a plain step, so a weak drafter or a loaded device costs (almost) nothing. While skipping,
     it drafts anyway every `probe_every` steps to refresh survival, doubling the interval after each probe that
     confirms the skip, up to `max_probe_every`. All of this looks only at earlier steps: exact.
+
+    With `carry_over=True`, `reset()` keeps the survival history and the probe interval, so the next generate call
+    starts from what the last one measured (as an engine's scheduler would) instead of re-learning it; earlier
+    calls are still the past, so this stays exact. The drafter's measured time is always kept.
     """
 
     needs_confidence = True
@@ -413,6 +417,7 @@ class AdaptiveVerification(VerifyPolicy):
         skip_drafting: bool = True,
         probe_every: int = 4,
         max_probe_every: int = 64,
+        carry_over: bool = False,
     ):
         if staleness < 1:
             raise ValueError(
@@ -426,14 +431,16 @@ class AdaptiveVerification(VerifyPolicy):
         self.staleness = staleness
         self.skip_drafting = skip_drafting
         self.probe_every, self.max_probe_every = probe_every, max_probe_every
+        self.carry_over = carry_over
         self._history: deque[Tensor] = deque(maxlen=staleness)  # survival [R_t, B] of the last steps, oldest first
         self._tables: dict[int, StepTimeTable] = {}
         self._draft_seconds: dict[int, float] = {}  # batch size -> running mean of the drafter's wall time
         self._skipped, self._interval = 0, probe_every
 
     def reset(self) -> None:
-        self._history.clear()
-        self._skipped, self._interval = 0, self.probe_every
+        if not self.carry_over:
+            self._history.clear()
+            self._skipped, self._interval = 0, self.probe_every
 
     def _table_for(self, num_requests: int) -> StepTimeTable:
         if num_requests not in self._tables:
@@ -460,8 +467,8 @@ class AdaptiveVerification(VerifyPolicy):
 
     def _lengths(self, conf_logits, num_requests, block_size):
         survival = torch.cumprod(_calibrated_confidence(conf_logits, self.temperatures), dim=-1)  # [R, B]
-        if len(self._history) < self.staleness:
-            lengths = torch.full((num_requests,), block_size, dtype=torch.int64)
+        if len(self._history) < self.staleness:  # no stale survival yet: Algorithm 1 on this step's (exact)
+            lengths = algorithm1(survival, self._table_for(num_requests))
         else:
             K = budget(self._history[0], self._table_for(num_requests), num_requests)
             lengths = allocate(survival, K)

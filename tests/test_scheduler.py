@@ -175,7 +175,14 @@ def test_adaptive_skips_drafting_when_it_does_not_pay_and_probes_with_backoff():
     strong = torch.full((1, 7), 8.0)
     policy.lengths(strong, 7)  # a probe that finds drafting worthwhile again
     assert all(policy.wants_drafts(1) for _ in range(5))
-    policy.reset()
+    policy.lengths(weak, 7)
+    policy.reset()  # a new generate call starts over: warm-up drafts again
+    assert policy.wants_drafts(1)
+    carried = AdaptiveVerification(table, staleness=1, carry_over=True)
+    carried.observe_draft_time(1, 0.05)
+    carried.lengths(weak, 7)
+    carried.reset()  # ...unless the scheduler carries its measurements over (as the loop's default one does)
+    assert not carried.wants_drafts(1)
     assert AdaptiveVerification(table, staleness=1, skip_drafting=False).wants_drafts(1)
     with pytest.raises(ValueError, match="probe_every"):
         AdaptiveVerification(table, probe_every=0)
@@ -281,7 +288,7 @@ def test_static_policies():
     assert ConfidenceThreshold(0.9, temperatures=[10.0, 1.0, 1.0, 1.0]).lengths(z, 4).tolist() == [0, 0, 0]
 
 
-def test_adaptive_uses_full_block_until_history_then_stale_budget_and_current_allocation():
+def test_adaptive_uses_algorithm1_until_history_then_stale_budget_and_current_allocation():
     table, gen = staircase_table(), torch.Generator().manual_seed(6)
     steps = [torch.randn(R, 5, generator=gen) * 2 + 1 for R in (3, 3, 2, 4, 1)]
     policy = AdaptiveVerification(table, staleness=2)
@@ -290,7 +297,7 @@ def test_adaptive_uses_full_block_until_history_then_stale_budget_and_current_al
         for t, z in enumerate(steps):
             got = policy.lengths(z, 5)
             if t < 2:
-                assert got.tolist() == [5] * z.shape[0]
+                assert got.tolist() == algorithm1(survival_from_confidence(z), table).tolist()
             else:
                 K = budget(survival_from_confidence(steps[t - 2]), table, z.shape[0])
                 assert got.tolist() == allocate(survival_from_confidence(z), K).tolist()
