@@ -267,8 +267,11 @@ def generate(
     if budget <= 0:
         return _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer)
 
-    def target_forward(ids, mask, pos, cache):
-        """One target forward appending to `cache` -> logits [R, T, V] and the drafter's context K/V of these tokens."""
+    keep_kwarg = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    def target_forward(ids, mask, pos, cache, last_only=False):
+        """One target forward appending to `cache` -> logits [R, T, V] (or [R, 1, V] with `last_only`) and the
+        drafter's context K/V of these tokens."""
         out = model(
             input_ids=ids,
             attention_mask=mask.long(),
@@ -276,6 +279,7 @@ def generate(
             use_cache=True,
             output_hidden_states=drafter.tap_hidden_state_ids,
             **{cache_key: cache},
+            **({"logits_to_keep": 1} if last_only and keep_kwarg else {}),
             **model_kwargs,
         )
         taps = torch.cat([out.hidden_states[i] for i in drafter.tap_hidden_state_ids], dim=-1)  # [R, T, m*H]
@@ -284,7 +288,7 @@ def generate(
     # ---- prefill: target over the prompt -> first token, taps -> drafter context
     positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
     t0 = time.perf_counter()
-    logits, ctx_kv = target_forward(input_ids, attn, positions, cache)
+    logits, ctx_kv = target_forward(input_ids, attn, positions, cache, last_only=True)  # the lm_head on the last position only
     prompt_rows = [input_ids[r] for r in range(n_rows)]
     scores = processing(logits[:, -1].float(), lambda i: (i, prompt_rows[i]))
     first = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1) if gen.do_sample else scores.argmax(-1)

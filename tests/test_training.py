@@ -185,6 +185,8 @@ def test_make_data_resumes_without_duplicates_or_holes(tiny, tmp_path):
     fresh_ds = TokenDataset(tmp_path / "fresh", model, tok)
     assert sorted(tuple(x.tolist()) for x in fresh_ds.ids) == sorted(tuple(x.tolist()) for x in ds.ids)
     assert fresh["next_prompt"] == man["next_prompt"] == len(PROMPTS)
+    both = TokenDataset(f"{tmp_path},{tmp_path / 'fresh'}", model, tok)  # several directories, in order
+    assert len(both) == 2 * len(PROMPTS) and torch.equal(both[len(PROMPTS)][0], fresh_ds[0][0])
 
 
 def test_a_data_dir_from_another_target_or_tokenizer_is_refused(tiny, data_dir):

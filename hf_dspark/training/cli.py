@@ -87,8 +87,6 @@ def _add_make_data(sub) -> None:
 
 # ------------------------------------------------------------------------------------------- train
 def _train(args) -> int:
-    import time
-
     from ..modeling import DSparkDrafter
     from .data import TokenDataset
     from .losses import LossWeights
@@ -105,6 +103,9 @@ def _train(args) -> int:
     weights = LossWeights.dflash() if args.dflash else LossWeights(args.ce_weight, args.l1_weight, args.bce_weight, args.decay)
     if args.init:
         drafter = DSparkDrafter.from_pretrained(args.init, target=model, dtype=model.dtype)
+        if drafter.calibration is not None:  # training moves the confidence head: the old temperatures no longer fit
+            drafter.calibration = None
+            print("[train] dropping the --init drafter's calibration.json; run `hf-dspark calibrate` on the result")
     else:
         drafter = build_drafter(
             model,
@@ -118,20 +119,11 @@ def _train(args) -> int:
             target_model_id=args.target,
         )
     cfg = TrainConfig(
-        data_dir=args.data,
-        out_dir=args.out,
-        max_steps=args.max_steps,
+        **_loop_config(args),
         batch_size=args.batch_size,
-        num_anchors=args.num_anchors,
-        lr=args.lr,
         warmup_ratio=args.warmup_ratio,
         grad_clip=args.grad_clip,
         bf16_autocast=args.bf16_autocast,
-        seed=args.seed,
-        checkpoint_minutes=args.checkpoint_minutes,
-        eval_every=args.eval_every,
-        eval_sequences=args.eval_sequences,
-        stop_at=time.time() + 60 * args.time_budget_min if args.time_budget_min else None,
         losses=weights,
     )
     n = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
@@ -147,6 +139,37 @@ def _train(args) -> int:
     return 0
 
 
+def _add_loop_args(p, *, max_steps: int, lr: float, eval_every: int, eval_sequences: int) -> None:
+    """The training-loop options `train` and `finetune` share (defaults differ)."""
+    p.add_argument("--max-steps", type=int, default=max_steps, help="optimizer steps (fixes the cosine schedule)")
+    p.add_argument("--time-budget-min", type=float, default=None, help="checkpoint and stop after this many minutes")
+    p.add_argument("--num-anchors", type=int, default=128, help="blocks (anchors) per sequence")
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    p.add_argument("--eval-every", type=int, default=eval_every, help="steps between held-out tau evaluations (0 = at the end)")
+    p.add_argument("--eval-sequences", type=int, default=eval_sequences, help="last sequences of the data held out for evaluation")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bar (log lines only)")
+
+
+def _loop_config(args) -> dict:
+    """TrainConfig fields from the shared loop options."""
+    import time
+
+    return dict(
+        data_dir=args.data,
+        out_dir=args.out,
+        max_steps=args.max_steps,
+        num_anchors=args.num_anchors,
+        lr=args.lr,
+        seed=args.seed,
+        checkpoint_minutes=args.checkpoint_minutes,
+        eval_every=args.eval_every,
+        eval_sequences=args.eval_sequences,
+        stop_at=time.time() + 60 * args.time_budget_min if args.time_budget_min else None,
+    )
+
+
 def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -159,7 +182,7 @@ def _add_train(sub) -> None:
         "cache). Rerunning the same command resumes exactly from <out>/checkpoint. Multi-GPU: "
         "`accelerate launch -m hf_dspark.training.cli train ...` (see hf_dspark/training/trainer.py).",
     )
-    p.add_argument("--data", required=True, help="data directory from make-data (same target and tokenizer)")
+    p.add_argument("--data", required=True, help="data directory from make-data (same target and tokenizer); several: a,b")
     p.add_argument("--out", required=True, help="run directory: checkpoint/, drafter/, history.json, learning_curve.png")
     _add_target(p)
     p.add_argument("--init", default=None, help="start from this drafter folder instead of a fresh drafter")
@@ -170,11 +193,8 @@ def _add_train(sub) -> None:
     p.add_argument("--markov-head-type", default="vanilla", choices=["vanilla", "gated", "rnn"])
     p.add_argument("--target-layer-ids", type=_int_list, default=None, help="comma-separated taps (default: spread 1..L-3)")
     p.add_argument("--mask-token-id", type=int, default=None, help="default: an unused vocab row found via the tokenizer")
-    p.add_argument("--max-steps", type=int, default=1000, help="optimizer steps (fixes the cosine schedule)")
-    p.add_argument("--time-budget-min", type=float, default=None, help="checkpoint and stop after this many minutes")
+    _add_loop_args(p, max_steps=1000, lr=6e-4, eval_every=100, eval_sequences=8)
     p.add_argument("--batch-size", type=int, default=1, help="sequences per step")
-    p.add_argument("--num-anchors", type=int, default=128, help="blocks (anchors) per sequence")
-    p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--warmup-ratio", type=float, default=0.04)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--ce-weight", type=float, default=0.1)
@@ -182,11 +202,6 @@ def _add_train(sub) -> None:
     p.add_argument("--bce-weight", type=float, default=1.0)
     p.add_argument("--decay", type=float, default=4.0, help="position weights exp(-k/decay)")
     p.add_argument("--bf16-autocast", action="store_true", help="bf16 autocast (only where bf16 GEMMs are fast)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-minutes", type=float, default=5.0)
-    p.add_argument("--eval-every", type=int, default=100, help="steps between held-out tau evaluations")
-    p.add_argument("--eval-sequences", type=int, default=8, help="last sequences of the data held out for evaluation")
-    p.add_argument("--no-progress", action="store_true", help="no tqdm bar (log lines only)")
     p.add_argument("--accelerate", action="store_true",
                    help="multi-GPU/multi-node: run under `accelerate launch -m hf_dspark.training.cli train --accelerate ...`")
     p.set_defaults(func=_train)
@@ -298,8 +313,6 @@ def _add_eval_tau(sub) -> None:
 
 # ------------------------------------------------------------------------------------------- finetune (LoRA)
 def _finetune(args) -> int:
-    import time
-
     from .data import TokenDataset
     from .losses import LossWeights
     from .peft import add_lora, save_adapter
@@ -312,13 +325,7 @@ def _finetune(args) -> int:
     base = DSparkDrafter.from_pretrained(args.drafter, target=model, dtype=model.dtype)
     peft_model = add_lora(base, r=args.lora_r, alpha=args.lora_alpha)
     peft_model.print_trainable_parameters()
-    cfg = TrainConfig(
-        data_dir=args.data, out_dir=args.out, max_steps=args.max_steps, num_anchors=args.num_anchors, lr=args.lr,
-        seed=args.seed, eval_every=args.eval_every, eval_sequences=args.eval_sequences,
-        checkpoint_minutes=args.checkpoint_minutes,
-        stop_at=time.time() + 60 * args.time_budget_min if args.time_budget_min else None,
-        losses=LossWeights() if base.markov_head is not None else LossWeights.dflash(),
-    )
+    cfg = TrainConfig(**_loop_config(args), losses=LossWeights() if base.markov_head is not None else LossWeights.dflash())
     trainer = Trainer(base, model, data, cfg, pad_id=tok.pad_token_id or 0,
                       export=lambda out: save_adapter(peft_model, out / "adapter"))
     last = trainer.run(progress=not args.no_progress)
@@ -335,20 +342,12 @@ def _add_finetune(sub) -> None:
         "hf_dspark.training.peft.load_adapter, or pass --adapter to eval-tau; merge with merge_and_unload).",
     )
     p.add_argument("--drafter", required=True)
-    p.add_argument("--data", required=True, help="domain data directory from make-data")
+    p.add_argument("--data", required=True, help="domain data directory from make-data; several: a,b")
     p.add_argument("--out", required=True)
     _add_target(p)
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--lora-alpha", type=int, default=32)
-    p.add_argument("--max-steps", type=int, default=100)
-    p.add_argument("--time-budget-min", type=float, default=None)
-    p.add_argument("--num-anchors", type=int, default=128)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-every", type=int, default=0)
-    p.add_argument("--eval-sequences", type=int, default=4)
-    p.add_argument("--checkpoint-minutes", type=float, default=5.0)
-    p.add_argument("--no-progress", action="store_true")
+    _add_loop_args(p, max_steps=100, lr=3e-4, eval_every=0, eval_sequences=4)
     p.set_defaults(func=_finetune)
 
 

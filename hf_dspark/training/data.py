@@ -284,14 +284,19 @@ def _write_shard(path: Path, sequences: list[tuple[list[int], list[int]]]) -> in
         "loss_mask": torch.tensor(mask, dtype=torch.uint8),
         "offsets": torch.tensor(offsets, dtype=torch.int64),
     }
+    _save_atomic(tensors, path, "free space and rerun the same command to resume")
+    return len(ids)
+
+
+def _save_atomic(tensors: dict[str, torch.Tensor], path: Path, remedy: str) -> None:
+    """Write a safetensors file atomically; a full disk leaves no partial file and says `remedy`."""
     try:
         with atomic_path(path) as tmp:
             save_file(tensors, str(tmp))
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
-            raise DataError(f"Disk full while writing {path.name}; free space and rerun the same command to resume.") from exc
+            raise DataError(f"Disk full while writing {path.name}; {remedy}.") from exc
         raise
-    return len(ids)
 
 
 def make_data(
@@ -369,31 +374,41 @@ def make_data(
 
 # ---------------------------------------------------------------------------------------------- reading
 class TokenDataset:
-    """The committed sequences of a data directory: `ds[i]` -> (input_ids [T] long, loss_mask [T] bool)."""
+    """The committed sequences of one or more data directories: `ds[i]` -> (input_ids [T] long, loss_mask [T] bool).
 
-    def __init__(self, data_dir: str | Path, model: PreTrainedModel | None = None, tokenizer=None) -> None:
-        self.dir = Path(data_dir)
-        path = self.dir / MANIFEST
+    Several directories (a list, or a comma-separated string as on the command line) are read in order, e.g. a
+    first make-data run and a later one over the next prompts; each is checked against the target and tokenizer.
+    """
+
+    def __init__(self, data_dir: str | Path | list[str | Path], model: PreTrainedModel | None = None, tokenizer=None) -> None:
+        dirs = [Path(d) for d in (data_dir.split(",") if isinstance(data_dir, str) else data_dir if isinstance(data_dir, list) else [data_dir])]
+        self.dir = dirs[0]
+        self.ids: list[torch.Tensor] = []
+        self.masks: list[torch.Tensor] = []
+        self.where: list[tuple[Path, int, int]] = []  # (directory, shard, row) per sequence
+        self.manifests = [self._read(d, model, tokenizer) for d in dirs]
+        self.manifest = self.manifests[0]
+        if not self.ids:
+            raise DataError(f"{', '.join(map(str, dirs))} holds no sequences yet; let `hf-dspark make-data` commit at least one shard.")
+
+    def _read(self, directory: Path, model, tokenizer) -> dict:
+        path = directory / MANIFEST
         if not path.is_file():
-            raise DataError(f"{self.dir} is not a data directory (no {MANIFEST}); make one with `hf-dspark make-data`.")
+            raise DataError(f"{directory} is not a data directory (no {MANIFEST}); make one with `hf-dspark make-data`.")
         try:
-            self.manifest = json.loads(path.read_text())
+            manifest = json.loads(path.read_text())
         except json.JSONDecodeError:
             raise DataError(f"{path} is corrupt; regenerate the data directory.") from None
         if model is not None and tokenizer is not None:
-            check_manifest(self.manifest, model, tokenizer, str(self.dir))
-        self.ids: list[torch.Tensor] = []
-        self.masks: list[torch.Tensor] = []
-        self.where: list[tuple[int, int]] = []  # (shard, row) per sequence
-        for s, shard in enumerate(self.manifest["shards"]):
-            t = load_file(str(self.dir / shard["file"]))
+            check_manifest(manifest, model, tokenizer, str(directory))
+        for s, shard in enumerate(manifest["shards"]):
+            t = load_file(str(directory / shard["file"]))
             off = t["offsets"].tolist()
             for r in range(len(off) - 1):
                 self.ids.append(t["input_ids"][off[r] : off[r + 1]].long())
                 self.masks.append(t["loss_mask"][off[r] : off[r + 1]].bool())
-                self.where.append((s, r))
-        if not self.ids:
-            raise DataError(f"{self.dir} holds no sequences yet; let `hf-dspark make-data` commit at least one shard.")
+                self.where.append((directory, s, r))
+        return manifest
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -407,8 +422,8 @@ class TokenDataset:
 
     def cached_hidden(self, i: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(taps [T, m*H], final hidden [T, H]) bf16 from the optional cache, or None."""
-        s, r = self.where[i]
-        path = self.dir / f"taps-{s:05d}.safetensors"
+        directory, s, r = self.where[i]
+        path = directory / f"taps-{s:05d}.safetensors"
         if not path.is_file():
             return None
         t = load_file(str(path))
@@ -434,7 +449,7 @@ def cache_hidden_states(
 ) -> int:
     """Optionally cache bf16 taps + final hidden states next to each shard (prints the storage estimate first).
     Returns the bytes the cache needs. Skips shards already cached."""
-    ds = TokenDataset(data_dir)
+    ds = TokenDataset(Path(data_dir))  # one directory (its shards get the cache files)
     h = model.config.get_text_config().hidden_size
     need = storage_estimate_bytes(ds.num_tokens, len(tap_ids), h)
     log(f"[cache] {ds.num_tokens} tokens x {len(tap_ids) + 1} states x {h} x 2 bytes = {need / 2**30:.2f} GiB")
@@ -445,7 +460,7 @@ def cache_hidden_states(
         if path.is_file():
             continue
         taps, finals, offsets = [], [], [0]
-        for i, (ss, _) in enumerate(ds.where):
+        for i, (_, ss, _) in enumerate(ds.where):
             if ss != s:
                 continue
             t, f = target_hidden(model, ds.ids[i][None], tap_ids)
@@ -457,12 +472,6 @@ def cache_hidden_states(
             "final": torch.cat(finals) if finals else torch.zeros(0, h, dtype=torch.bfloat16),
             "offsets": torch.tensor(offsets, dtype=torch.int64),
         }
-        try:
-            with atomic_path(path) as tmp:
-                save_file(tensors, str(tmp))
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                raise DataError(f"Disk full while caching {path.name} (the cache needs {need / 2**30:.2f} GiB); free space or train online.") from exc
-            raise
+        _save_atomic(tensors, path, f"the cache needs {need / 2**30:.2f} GiB: free space or train online")
         log(f"[cache] wrote {path.name}")
     return need
