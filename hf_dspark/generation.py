@@ -311,7 +311,7 @@ def generate(
             row = int(_rows[i])
             return row, torch.cat([prompt_rows[row], _hist[i], drafts])
 
-        if policy.wants_drafts(n):
+        if num_speculative_tokens != 0 and policy.wants_drafts(n):
             draft = draft_block(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # the policy prices drafting with this wall time

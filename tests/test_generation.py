@@ -188,6 +188,8 @@ def test_num_speculative_tokens_and_threshold_limit_verification(tiny_target, ti
     out = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, num_speculative_tokens=2)
     assert torch.equal(out, ref)
     assert max(tiny_drafter.last_stats.verified_lengths) <= 2
+    out = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, num_speculative_tokens=0)
+    assert torch.equal(out, ref) and tiny_drafter.last_stats.drafted_steps == 0  # nothing to verify: no drafter pass
     out = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, confidence_threshold=0.999)
     assert torch.equal(out, ref)
     out = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, markov=False)
