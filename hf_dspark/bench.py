@@ -44,6 +44,7 @@ class Record:
     identical_to_plain: bool | None = None
     new_tokens: int = 0
     repeats_s: list[float] = field(default_factory=list)
+    synthetic_acceptance: float | None = None  # set when the drafts were synthetic (see --synthetic-acceptance)
 
 
 def load_prompts(spec: str, n: int) -> list[str]:
@@ -92,7 +93,11 @@ def _new_token_count(sequences: torch.Tensor, prompt_len: int, eos: set[int]) ->
 
 
 class Bench:
-    def __init__(self, model, tokenizer, drafter, dflash_drafter=None, max_new_tokens: int = 128, profile_kwargs=None) -> None:
+    def __init__(
+        self, model, tokenizer, drafter, dflash_drafter=None, max_new_tokens: int = 128, profile_kwargs=None,
+        synthetic_acceptance: float | None = None,
+    ) -> None:
+        self.synthetic_acceptance = synthetic_acceptance
         self.profile_kwargs = profile_kwargs or {}
         self.model, self.tok, self.drafter = model, tokenizer, drafter
         self.dflash_drafter = dflash_drafter
@@ -124,7 +129,8 @@ class Bench:
         if contender == "dspark_adaptive":
             from .scheduler import AdaptiveVerification
 
-            temps = (self.drafter.calibration or {}).get("temperatures")
+            # synthetic confidences are calibrated by construction
+            temps = None if self.synthetic_acceptance else (self.drafter.calibration or {}).get("temperatures")
             # one scheduler per contender and batch size, kept across calls like an engine's (carry_over)
             policy = AdaptiveVerification(self.step_table(), temperatures=temps, carry_over=True)
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, verify_policy=policy)
@@ -151,6 +157,9 @@ class Bench:
                 records.append(rec)
                 continue
             run = self.runner(contender)
+            if self.synthetic_acceptance and contender != "plain":
+                run = self._with_synthetic_drafts(run, encoded, reference)
+                rec.synthetic_acceptance = self.synthetic_acceptance
             outputs, stats = self._timed(run, encoded, repeats, rec, desc=f"{prompt_set} bs={batch_size} {contender}")
             if contender == "plain":
                 reference = outputs
@@ -167,6 +176,18 @@ class Bench:
         for rec in records:
             rec.speedup_vs_plain = rec.tokens_per_s / plain if rec.supported else float("nan")
         return records
+
+    def _with_synthetic_drafts(self, run, encoded, reference):
+        """Each batch drafts its own plain output with per-token acceptance `synthetic_acceptance`."""
+        from .testing import synthetic_drafts
+
+        by_batch = {id(enc): ref for enc, ref in zip(encoded, reference)}
+
+        def wrapped(enc):
+            with synthetic_drafts(by_batch[id(enc)], self.synthetic_acceptance):
+                return run(enc)
+
+        return wrapped
 
     def _timed(self, run, encoded, repeats, rec: Record, desc: str):
         run(encoded[0])  # warm-up, excluded
@@ -264,6 +285,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed passes per contender (median); one extra warm-up pass")
     p.add_argument("--json", default=None, help="write the records (a JSON list) here")
     p.add_argument("--plots", default=None, help="write PNG plots into this folder")
+    p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
+                   help="replace the drafts of our loop's contenders by each batch's plain output with every token kept "
+                   "with probability ALPHA (else corrupted) and calibrated confidence ALPHA: measures the loop and the "
+                   "scheduler for a drafter of known quality (the real drafter pass still runs and is timed)")
 
 
 def default_drafter() -> Path:
@@ -281,6 +306,14 @@ def run_cli(args: argparse.Namespace) -> int:
     prompt_lists = {s: load_prompts(s, max(args.n, max(sizes))) for s in sets}  # validate before loading models
     if args.repeats < 1 or args.n < 1 or args.max_new_tokens < 1:
         raise ValueError("--repeats, --n and --max-new-tokens must be positive.")
+    if args.synthetic_acceptance is not None:
+        if not 0 < args.synthetic_acceptance < 1:
+            raise ValueError(f"--synthetic-acceptance must be in (0, 1), got {args.synthetic_acceptance}.")
+        if {"prompt_lookup", "hf_dflash"} & set(contenders):
+            raise ValueError(
+                "--synthetic-acceptance applies to our loop's contenders only (dflash, dspark, dspark_adaptive); "
+                "drop prompt_lookup and hf_dflash from --contenders."
+            )
     model, tok = load_target(args.target, dtype=args.dtype)
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=model)
     twin = DSparkDrafter.from_pretrained(args.dflash_drafter, target=model) if args.dflash_drafter else None
@@ -291,7 +324,7 @@ def run_cli(args: argparse.Namespace) -> int:
         "repeats": 2,
         "warmup": 1,
     }
-    bench = Bench(model, tok, drafter, twin, args.max_new_tokens, profile_kwargs)
+    bench = Bench(model, tok, drafter, twin, args.max_new_tokens, profile_kwargs, args.synthetic_acceptance)
     records: list[Record] = []
     for s, prompts in prompt_lists.items():
         for bs in sizes:

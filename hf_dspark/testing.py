@@ -3,6 +3,11 @@
 `oracle_drafts(reference)` makes the drafter propose the reference continuation with one corrupted token at a
 random position. Greedy output must not depend on what is drafted, so this exercises long accepted blocks, EOS and
 stop strings inside a block, per-row acceptance differences, cache holes and compaction -- without a trained drafter.
+
+`synthetic_drafts(reference, acceptance)` proposes the reference continuation with every token independently kept
+with probability `acceptance` (else corrupted) and sets the confidence logits to logit(acceptance): a drafter of
+known, perfectly calibrated quality. The benchmark uses it to measure the scheduler and the loop for a drafter
+better than the shipped one; the real drafter pass still runs, so drafting costs what it costs.
 """
 
 from __future__ import annotations
@@ -48,6 +53,34 @@ def oracle_drafts(reference: torch.Tensor, seed: int = 0) -> Iterator[None]:
                         tokens[i, k] = (tokens[i, k] + 1) % drafter.config.vocab_size
                     break
         return Draft(tokens, out.q, out.conf_logits)
+
+    generation.draft_block = drafted
+    try:
+        yield
+    finally:
+        generation.draft_block = real
+
+
+@contextmanager
+def synthetic_drafts(reference: torch.Tensor, acceptance: float, seed: int = 0) -> Iterator[None]:
+    """reference [N, S]: the batch's own greedy output (row r of the batch continues as reference[r])."""
+    if not 0.0 < acceptance < 1.0:
+        raise ValueError(f"acceptance must be in (0, 1), got {acceptance}.")
+    gen = torch.Generator().manual_seed(seed)
+    logit = float(torch.logit(torch.tensor(acceptance, dtype=torch.float64)))
+    real = generation.draft_block
+
+    def drafted(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov):
+        out = real(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
+        tokens = out.tokens.clone()  # [n, B]
+        n, b = tokens.shape
+        for i in range(n):
+            row, seq = prefix(i, tokens.new_zeros(0))
+            cont = reference[row, seq.shape[0] : seq.shape[0] + b].to(tokens.device)
+            tokens[i, : cont.shape[0]] = cont
+        wrong = torch.rand((n, b), generator=gen) >= acceptance
+        tokens[wrong.to(tokens.device)] = (tokens[wrong.to(tokens.device)] + 1) % drafter.config.vocab_size
+        return Draft(tokens, out.q, torch.full((n, b), logit, device=tokens.device))
 
     generation.draft_block = drafted
     try:

@@ -42,6 +42,10 @@ def test_cli_reports_bad_input_clearly(capsys):
     assert "positive integers" in capsys.readouterr().err
     assert main(["bench", "--prompts", "mmlu"]) == 2
     assert "Unknown prompt set" in capsys.readouterr().err
+    assert main(["bench", "--synthetic-acceptance", "1.5"]) == 2
+    assert "(0, 1)" in capsys.readouterr().err
+    assert main(["bench", "--synthetic-acceptance", "0.8", "--contenders", "plain,hf_dflash"]) == 2
+    assert "our loop's contenders" in capsys.readouterr().err
 
 
 def test_cli_help_lists_every_command():

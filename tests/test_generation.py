@@ -17,7 +17,7 @@ import hf_dspark
 import hf_dspark.generation as G
 from hf_dspark.scheduler import AdaptiveVerification, ConfidenceThreshold
 from hf_dspark.step_table import StepTimeTable
-from hf_dspark.testing import oracle_drafts, ragged_batch
+from hf_dspark.testing import oracle_drafts, ragged_batch, synthetic_drafts
 
 
 @pytest.fixture
@@ -52,6 +52,20 @@ def test_greedy_identical_when_the_scheduler_skips_drafting(tiny_target, tiny_dr
     assert torch.equal(out, ref)
     stats = tiny_drafter.last_stats
     assert 0 < stats.drafted_steps < stats.steps and stats.accepted_tokens > 0
+
+
+def test_synthetic_drafts_have_the_requested_quality_and_stay_exact(tiny_target, tiny_drafter):
+    enc = ragged_batch(256, seed=7)
+    ref = tiny_target.generate(**enc, max_new_tokens=40, do_sample=False, eos_token_id=None)
+    taus = {}
+    for alpha in (0.2, 0.9):
+        with synthetic_drafts(ref, alpha):
+            out = tiny_target.generate(**enc, max_new_tokens=40, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, adaptive_verification=False)
+        assert torch.equal(out, ref)
+        taus[alpha] = tiny_drafter.last_stats.mean_accepted_length
+        conf = torch.cat(tiny_drafter.last_stats.conf_logits)
+        assert torch.allclose(torch.sigmoid(conf), torch.full_like(conf, alpha))
+    assert taus[0.2] < 1.6 < 2.5 < taus[0.9]
 
 
 def test_greedy_identical_with_processors(tiny_target, tiny_drafter, oracle):
