@@ -311,7 +311,8 @@ def generate(
             row = int(_rows[i])
             return row, torch.cat([prompt_rows[row], _hist[i], drafts])
 
-        if num_speculative_tokens != 0 and policy.wants_drafts(n):
+        drafted = num_speculative_tokens != 0 and policy.wants_drafts(n)
+        if drafted:
             draft = draft_block(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # the policy prices drafting with this wall time
@@ -324,10 +325,10 @@ def generate(
         # ---- how many drafts each row verifies (never more than the row can still emit)
         t0 = time.perf_counter()
         remaining = torch.tensor([budget - len(generated[int(r)]) for r in rows], device=device)
-        if draft.tokens.shape[1] == 0:
-            lengths = torch.zeros(n, dtype=torch.long, device=device)
-        else:
+        if drafted:
             lengths = policy.lengths(draft.conf_logits, cfg.block_size, num_requests=n).to(device)
+        else:
+            lengths = torch.zeros(n, dtype=torch.long, device=device)
         cap = (remaining - 1).clamp(min=0)
         if num_speculative_tokens is not None:
             cap = cap.clamp(max=num_speculative_tokens)
@@ -362,7 +363,7 @@ def generate(
         stats.verified_per_step.append(float(lengths.float().mean()))
         stats.accepted_lengths.extend((num_acc + 1).tolist())
         stats.verified_lengths.extend(lengths.tolist())
-        if draft.conf_logits is not None and draft.tokens.shape[1] > 0:
+        if draft.conf_logits is not None:  # None on skipped steps and without a confidence head
             stats.conf_logits.append(draft.conf_logits.detach().cpu())
             stats.num_accepted.append(num_acc.cpu())
             stats.num_verified.append(lengths.cpu())

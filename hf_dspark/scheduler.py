@@ -392,8 +392,8 @@ class AdaptiveVerification(VerifyPolicy):
     """The production rule: budget K from `staleness`-steps-old survival, slots to the top-K current survivals.
 
     Until `staleness` steps of history exist (the first steps of each generate call) the lengths come from
-    `algorithm1` on the current step's survival, which is exact with same-step scores. When the table was profiled for several batch sizes, the curve for the current R is used
-    (`StepTimeTable.for_num_requests`).
+    `algorithm1` on the current step's survival, which is exact with same-step scores. When the table was profiled
+    for several batch sizes, the curve for the current R is used (`StepTimeTable.for_num_requests`).
 
     Drafting is priced too (`skip_drafting=True`, our addition to the paper's rule): before each step the policy
     asks `worth_drafting` whether a drafter pass plus the best verify budget beats a plain target step, using the

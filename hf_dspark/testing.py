@@ -13,7 +13,7 @@ better than the shipped one; the real drafter pass still runs, so drafting costs
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -34,13 +34,26 @@ def ragged_batch(vocab: int, lengths=(5, 9, 3, 12), seed: int = 0, device: str |
 
 
 @contextmanager
-def oracle_drafts(reference: torch.Tensor, seed: int = 0) -> Iterator[None]:
-    """reference [N, S]: full sequences (prompt + continuation) of plain greedy decoding."""
-    gen = torch.Generator().manual_seed(seed)
+def _edited_drafts(edit: Callable[..., Draft]) -> Iterator[None]:
+    """Run the real drafter pass, then replace its output by `edit(drafter, draft, prefix)`, until the block exits."""
     real = generation.draft_block
 
     def drafted(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov):
         out = real(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
+        return edit(drafter, out, prefix)
+
+    generation.draft_block = drafted
+    try:
+        yield
+    finally:
+        generation.draft_block = real
+
+
+def oracle_drafts(reference: torch.Tensor, seed: int = 0):
+    """reference [N, S]: full sequences (prompt + continuation) of plain greedy decoding."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def edit(drafter, out: Draft, prefix) -> Draft:
         tokens = out.tokens.clone()
         for i in range(tokens.shape[0]):
             seq = prefix(i, tokens.new_zeros(0))[1]
@@ -54,36 +67,25 @@ def oracle_drafts(reference: torch.Tensor, seed: int = 0) -> Iterator[None]:
                     break
         return Draft(tokens, out.q, out.conf_logits)
 
-    generation.draft_block = drafted
-    try:
-        yield
-    finally:
-        generation.draft_block = real
+    return _edited_drafts(edit)
 
 
-@contextmanager
-def synthetic_drafts(reference: torch.Tensor, acceptance: float, seed: int = 0) -> Iterator[None]:
+def synthetic_drafts(reference: torch.Tensor, acceptance: float, seed: int = 0):
     """reference [N, S]: the batch's own greedy output (row r of the batch continues as reference[r])."""
     if not 0.0 < acceptance < 1.0:
         raise ValueError(f"acceptance must be in (0, 1), got {acceptance}.")
     gen = torch.Generator().manual_seed(seed)
     logit = float(torch.logit(torch.tensor(acceptance, dtype=torch.float64)))
-    real = generation.draft_block
 
-    def drafted(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov):
-        out = real(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
+    def edit(drafter, out: Draft, prefix) -> Draft:
         tokens = out.tokens.clone()  # [n, B]
         n, b = tokens.shape
         for i in range(n):
             row, seq = prefix(i, tokens.new_zeros(0))
             cont = reference[row, seq.shape[0] : seq.shape[0] + b].to(tokens.device)
             tokens[i, : cont.shape[0]] = cont
-        wrong = torch.rand((n, b), generator=gen) >= acceptance
-        tokens[wrong.to(tokens.device)] = (tokens[wrong.to(tokens.device)] + 1) % drafter.config.vocab_size
+        wrong = (torch.rand((n, b), generator=gen) >= acceptance).to(tokens.device)
+        tokens[wrong] = (tokens[wrong] + 1) % drafter.config.vocab_size
         return Draft(tokens, out.q, torch.full((n, b), logit, device=tokens.device))
 
-    generation.draft_block = drafted
-    try:
-        yield
-    finally:
-        generation.draft_block = real
+    return _edited_drafts(edit)

@@ -381,13 +381,14 @@ class TokenDataset:
     """
 
     def __init__(self, data_dir: str | Path | list[str | Path], model: PreTrainedModel | None = None, tokenizer=None) -> None:
-        dirs = [Path(d) for d in (data_dir.split(",") if isinstance(data_dir, str) else data_dir if isinstance(data_dir, list) else [data_dir])]
-        self.dir = dirs[0]
+        if isinstance(data_dir, str):
+            data_dir = data_dir.split(",")
+        dirs = [Path(d) for d in data_dir] if isinstance(data_dir, list) else [Path(data_dir)]
         self.ids: list[torch.Tensor] = []
         self.masks: list[torch.Tensor] = []
         self.where: list[tuple[Path, int, int]] = []  # (directory, shard, row) per sequence
-        self.manifests = [self._read(d, model, tokenizer) for d in dirs]
-        self.manifest = self.manifests[0]
+        manifests = [self._read(d, model, tokenizer) for d in dirs]
+        self.dir, self.manifest = dirs[0], manifests[0]  # the first directory (what cache_hidden_states writes to)
         if not self.ids:
             raise DataError(f"{', '.join(map(str, dirs))} holds no sequences yet; let `hf-dspark make-data` commit at least one shard.")
 
