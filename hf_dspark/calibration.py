@@ -133,20 +133,31 @@ def load_calibration(path: str | os.PathLike, block_size: int | None = None) -> 
 
 
 def plot_reliability(
-    conf_logits: torch.Tensor, num_accepted: torch.Tensor, calibration: dict, path: str | os.PathLike, bins: int = 15
+    conf_logits: torch.Tensor,
+    num_accepted: torch.Tensor,
+    calibration: dict,
+    path: str | os.PathLike,
+    bins: int = 15,
+    num_verified: torch.Tensor | None = None,
 ) -> None:
-    """Reliability diagram (prefix survival vs observed prefix acceptance) before and after STS, as a PNG."""
+    """Reliability diagram (prefix survival vs observed prefix acceptance) before and after STS, as a PNG.
+
+    Only verified positions have labels; pass `num_verified` ([M]) to leave the others out (as `fit_sts` does).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = prefix_labels(num_accepted, conf_logits.shape[1])
+    m, b = conf_logits.shape
+    labels = prefix_labels(num_accepted, b)
+    verified = torch.full((m,), b) if num_verified is None else num_verified
+    mask = torch.arange(b)[None, :] < verified[:, None]
     temps = torch.tensor(calibration["temperatures"])
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect")
     for name, pred in (("before", prefix_survival(conf_logits)), ("after STS", prefix_survival(conf_logits, temps))):
-        p, y = pred.flatten(), labels.flatten()
+        p, y = pred[mask], labels[mask]
         idx = (p * bins).long().clamp(0, bins - 1)
         xs, ys = [], []
         for i in range(bins):

@@ -1,5 +1,9 @@
 """One drafting round: a single backbone pass over `[anchor, MASK x (B-1)]`, then sequential Markov sampling.
 
+Only the first `depth` <= B slots are turned into tokens (lm_head, Markov bias, sampling, confidence): the lm_head
+over the vocabulary is most of a drafter pass, and slots the step will not verify need none of it. The backbone
+still sees the whole block, so the first `depth` drafts are the same as those of a full pass.
+
 Slot k predicts the token at p+k+1 ("anchor as first prediction"). Sampling goes left to right: l_k = U_k +
 bias(x_{k-1}), processed exactly like the target's logits, then argmax (greedy) or a draw from q_k. The
 confidence logit z_k sees h_k and W1[x_{k-1}], never x_k, so truncating on it is non-anticipating.
@@ -19,9 +23,9 @@ from .processing import Processing
 
 @dataclass
 class Draft:
-    tokens: torch.Tensor  # [N, B] drafted ids x_0..x_{B-1}
-    q: torch.Tensor | None  # [N, B, V] draft distributions (None when greedy: q is one-hot)
-    conf_logits: torch.Tensor | None  # [N, B] confidence logits z_k (None without a confidence head)
+    tokens: torch.Tensor  # [N, L] drafted ids x_0..x_{L-1} (L = depth, B for a full pass)
+    q: torch.Tensor | None  # [N, L, V] draft distributions (None when greedy: q is one-hot)
+    conf_logits: torch.Tensor | None  # [N, L] confidence logits z_k (None without a confidence head)
 
 
 def draft_block(
@@ -33,17 +37,21 @@ def draft_block(
     processing: Processing,
     prefix: Callable[[int, torch.Tensor], torch.Tensor] | None = None,  # (row, drafts so far [k]) -> input_ids prefix
     markov: bool = True,
+    depth: int | None = None,  # draft only slots 0..depth-1 (default: the whole block)
 ) -> Draft:
     cfg = drafter.config
     n, b = anchor.shape[0], cfg.block_size
+    depth = b if depth is None else depth
+    if not 1 <= depth <= b:
+        raise ValueError(f"depth must be in 1..block_size={b}, got {depth}.")
     block = torch.full((n, b), cfg.mask_token_id, dtype=torch.long, device=anchor.device)
     block[:, 0] = anchor
     positions = anchor_pos[:, None] + torch.arange(b, device=anchor.device)
     mask = torch.cat(
         [ctx_valid[:, None, None, :].expand(n, 1, b, -1), ctx_valid.new_ones((n, 1, b, b))], dim=-1
     )  # [N, 1, B, C + B]
-    hidden = drafter.block_hidden(block, positions, ctx_kv, mask)  # [N, B, H]
-    base = drafter.base_logits(hidden).float()  # [N, B, V]
+    hidden = drafter.block_hidden(block, positions, ctx_kv, mask)[:, :depth]  # [N, depth, H]
+    base = drafter.base_logits(hidden).float()  # [N, depth, V]
     head = drafter.markov_head if markov else None
     conf = drafter.confidence_head
     conf_reads_w1 = conf is not None and conf.proj.in_features > cfg.hidden_size

@@ -59,8 +59,9 @@ class DSparkStats:
     verified_per_step: list[float] = field(default_factory=list)  # mean drafts verified per request, per step
     rows_per_step: list[int] = field(default_factory=list)
     draft_time_s: float = 0.0
-    verify_time_s: float = 0.0
-    conf_logits: list[torch.Tensor] = field(default_factory=list)  # per step [R, B]
+    verify_time_s: float = 0.0  # prefill included
+    step_seconds: list[float] = field(default_factory=list)  # wall time of each decoding step (prefill excluded)
+    conf_logits: list[torch.Tensor] = field(default_factory=list)  # per drafted step [R, B] (NaN past the depth)
     num_accepted: list[torch.Tensor] = field(default_factory=list)  # per step [R] accepted drafts
     num_verified: list[torch.Tensor] = field(default_factory=list)  # per step [R]
 
@@ -212,7 +213,7 @@ def generate(
 
     Args:
         drafter: a `DSparkDrafter` bound to `model` (`DSparkDrafter.from_pretrained(..., target=model)`).
-        num_speculative_tokens: verify at most this many of the B drafted tokens.
+        num_speculative_tokens: draft and verify at most this many of the block's B tokens (0: plain decoding).
         markov: False samples the block without the Markov head (pure DFlash on the same weights).
         confidence_threshold: verify drafts while the calibrated confidence stays >= this value.
         adaptive_verification: use the hardware-aware prefix scheduler (needs a step table; see step_table.py).
@@ -303,35 +304,36 @@ def generate(
 
     while rows.numel() > 0:
         n = rows.numel()
-        # ---- draft
-        t0 = time.perf_counter()
+        step_start = time.perf_counter()
+        # ---- draft (only as deep as the policy wants and some row can still use)
         hist = [torch.tensor(generated[int(r)], dtype=torch.long, device=device) for r in rows]
 
         def prefix(i: int, drafts: torch.Tensor, _rows=rows, _hist=hist) -> tuple[int, torch.Tensor]:
             row = int(_rows[i])
             return row, torch.cat([prompt_rows[row], _hist[i], drafts])
 
-        drafted = num_speculative_tokens != 0 and policy.wants_drafts(n)
-        if drafted:
-            draft = draft_block(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
+        remaining = torch.tensor([budget - len(generated[int(r)]) for r in rows], device=device)
+        cap = (remaining - 1).clamp(min=0)  # never verify more than the row can still emit
+        if num_speculative_tokens is not None:
+            cap = cap.clamp(max=num_speculative_tokens)
+        depth = min(policy.draft_depth(n, cfg.block_size), int(cap.max()))
+        t0 = time.perf_counter()
+        if depth > 0:
+            draft = draft_block(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov, depth)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # the policy prices drafting with this wall time
-            policy.observe_draft_time(n, time.perf_counter() - t0)
             stats.drafted_steps += 1
-        else:  # a plain target step: the policy judged that drafting does not pay at this load
+        else:  # a plain target step: no drafter pass (the policy judged that drafting does not pay)
             draft = Draft(tokens=torch.empty((n, 0), dtype=torch.long, device=device), q=None, conf_logits=None)
-        stats.draft_time_s += time.perf_counter() - t0
+        draft_seconds = time.perf_counter() - t0
+        stats.draft_time_s += draft_seconds
 
         # ---- how many drafts each row verifies (never more than the row can still emit)
         t0 = time.perf_counter()
-        remaining = torch.tensor([budget - len(generated[int(r)]) for r in rows], device=device)
-        if drafted:
-            lengths = policy.lengths(draft.conf_logits, cfg.block_size, num_requests=n).to(device)
+        if depth > 0:
+            lengths = policy.lengths(draft.conf_logits, depth, num_requests=n).to(device)
         else:
             lengths = torch.zeros(n, dtype=torch.long, device=device)
-        cap = (remaining - 1).clamp(min=0)
-        if num_speculative_tokens is not None:
-            cap = cap.clamp(max=num_speculative_tokens)
         lengths = torch.minimum(lengths, cap)
         width = int(lengths.max()) + 1
 
@@ -364,7 +366,8 @@ def generate(
         stats.accepted_lengths.extend((num_acc + 1).tolist())
         stats.verified_lengths.extend(lengths.tolist())
         if draft.conf_logits is not None:  # None on skipped steps and without a confidence head
-            stats.conf_logits.append(draft.conf_logits.detach().cpu())
+            undrafted = cfg.block_size - depth  # slots past the depth: NaN (never verified, so never labelled)
+            stats.conf_logits.append(torch.nn.functional.pad(draft.conf_logits.detach().float().cpu(), (0, undrafted), value=float("nan")))
             stats.num_accepted.append(num_acc.cpu())
             stats.num_verified.append(lengths.cpu())
 
@@ -378,6 +381,9 @@ def generate(
         anchor_pos = anchor_pos + num_acc + 1
         rows, anchor, anchor_pos, cache, ctx_kv, ctx_valid = _select(active, rows, anchor, anchor_pos, cache, ctx_kv, ctx_valid)
         cache, ctx_kv, ctx_valid = _trim(cache, ctx_kv, ctx_valid)
+        step_seconds = time.perf_counter() - step_start
+        stats.step_seconds.append(step_seconds)
+        policy.observe_step(n, depth, step_seconds, draft_seconds)
 
     return _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer)
 

@@ -16,25 +16,35 @@ depends on the value of draft x_k. c_k depends on x_{k-1} and the backbone state
 - `algorithm1` on same-step survival is exact: slots are admitted in survival order with positions as the tie
   break, so every slot ranked before (r, k) belongs to another request or to an earlier position of r, and the
   early stop only looks at those;
-- `AdaptiveVerification` picks its budget K from survivals `staleness` >= 1 steps old (fixed before the current
-  drafts exist) and gives the K slots to the top-K current survivals, which again only compares (r, k) against
-  slots that do not depend on x_k. A same-step argmax of Theta(K) is NOT exact (paper App. A).
+- `budget` (K from survivals of earlier steps) + `allocate` (the K slots to the top-K current survivals) is
+  exact: the budget is fixed before the current drafts exist and the allocation only compares (r, k) against
+  slots that do not depend on x_k. A same-step argmax of Theta(K) is NOT exact (paper App. A);
+- `best_depth` / `AdaptiveVerification` choose the step's draft depth from earlier steps before drafting: exact.
 
-The functional core (`survival_from_confidence`, `algorithm1`, `budget`, `allocate`) is vectorized: one sort, one
-cumsum and one table slice per call, no Python loop over slots; the last three compute in float64 on the input's
-device.
+Two layouts of the verify batch, two prices:
+- packed (vLLM/SGLang varlen attention): a step costs R + n tokens, so slots are priced one by one with the
+  table; `algorithm1`, `budget` and `allocate` are the paper's rules for that layout;
+- padded (a transformers forward: every row is as long as the longest): a step at draft depth L costs
+  R x (L + 1) tokens however the drafts are spread, so our loop's `AdaptiveVerification` chooses L with
+  `best_depth`, priced by whole-step times the loop measures (`hf_dspark.step_costs.StepCosts`).
+
+The functional core (`survival_from_confidence`, `algorithm1`, `budget`, `allocate`, `best_depth`) is
+vectorized: one sort or cumsum and one table slice per call, no Python loop over slots; all but the first
+compute in float64 on the input's device.
 The policies run on CPU (the loop needs host-side lengths to lay out the ragged verify batch) and return CPU int64.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections import deque
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 from transformers.utils import logging
+
+from .step_costs import StepCosts
 
 if TYPE_CHECKING:
     from .step_table import StepTimeTable
@@ -50,16 +60,16 @@ logger = logging.get_logger(__name__)
 def _calibrated_confidence(conf_logits: Tensor, temperatures: Tensor | None) -> Tensor:
     """c = sigmoid(z / T) in float32; NaN logits become confidence 0 (with a one-time warning).
 
-    conf_logits: [R, B]; temperatures: [B] or None (T = 1). Returns [R, B].
+    conf_logits: [R, L]; temperatures: [B >= L] or None (T = 1), the first L apply. Returns [R, L].
     """
     z = conf_logits.float()
     if temperatures is not None:
-        if temperatures.shape != (z.shape[-1],):
+        if temperatures.shape[0] < z.shape[-1]:
             raise ValueError(
-                f"temperatures has shape {tuple(temperatures.shape)} but the block has {z.shape[-1]} positions; "
+                f"temperatures has {temperatures.shape[0]} entries but the drafts have {z.shape[-1]} positions; "
                 "use the calibration fitted for this block size."
             )
-        z = z / temperatures.to(device=z.device, dtype=z.dtype)
+        z = z / temperatures[: z.shape[-1]].to(device=z.device, dtype=z.dtype)
     c = torch.sigmoid(z)
     nan = torch.isnan(c)
     if nan.any():
@@ -135,27 +145,20 @@ def _slot_order(s: Tensor) -> tuple[Tensor, Tensor]:
     return values, order % R
 
 
-def _expected_tokens_and_sps(sorted_survival: Tensor, num_requests: int, table: StepTimeTable) -> tuple[Tensor, Tensor]:
-    """Expected committed tokens R + sum of the first n survivals, and SPS(R + n), for n = 0..n_max.
+def _throughput(sorted_survival: Tensor, num_requests: int, table: StepTimeTable) -> Tensor:
+    """Theta(n) = (R + sum of the first n survivals) * SPS(R + n) for n = 0..n_max: [n_max + 1] float64.
 
-    sorted_survival: [M] float64 (descending). Returns two [n_max + 1] float64 tensors, n_max = min(M,
-    max_batch_tokens - R): the table cannot price a batch above its max_batch_tokens, so the scheduler never goes
-    there (when even R is beyond it, only n = 0 is returned, priced at the table's last probe).
+    sorted_survival: [M] float64 (descending). n_max = min(M, max_batch_tokens - R): the table cannot price a
+    batch above its max_batch_tokens, so the scheduler never goes there (when even R is beyond it, only n = 0 is
+    returned, priced at the table's last probe).
     """
     R = num_requests
     n_max = max(0, min(sorted_survival.numel(), table.max_batch_tokens - R))
-    expected_tokens = sorted_survival.new_zeros(n_max + 1)
-    torch.cumsum(sorted_survival[:n_max], 0, out=expected_tokens[1:])
-    expected_tokens.add_(R)
+    theta = sorted_survival.new_zeros(n_max + 1)
+    torch.cumsum(sorted_survival[:n_max], 0, out=theta[1:])
+    theta.add_(R)
     lo = min(R, table.max_batch_tokens)
-    sps = table.steps_per_sec_range(lo, lo + n_max + 1).to(sorted_survival.device)
-    return expected_tokens, sps
-
-
-def _throughput(sorted_survival: Tensor, num_requests: int, table: StepTimeTable) -> Tensor:
-    """Theta(n) = (R + sum of the first n survivals) * SPS(R + n) for n = 0..n_max ([n_max + 1] float64)."""
-    expected_tokens, sps = _expected_tokens_and_sps(sorted_survival, num_requests, table)
-    return expected_tokens.mul_(sps)
+    return theta.mul_(table.steps_per_sec_range(lo, lo + n_max + 1).to(sorted_survival.device))
 
 
 def algorithm1(survival: Tensor, table: StepTimeTable) -> Tensor:
@@ -195,7 +198,7 @@ def budget(stale_survival: Tensor, table: StepTimeTable, num_requests: int | Non
     but R, which is known before the drafts exist.
 
     Args:
-        stale_survival: [R', B] survival from `staleness` steps ago.
+        stale_survival: [R', B] survival of an earlier step (the paper uses the one two steps back).
         table: StepTimeTable.
         num_requests: R, the current number of requests (default R').
     Returns:
@@ -228,31 +231,44 @@ def _stale_values(stale_survival: Tensor, num_requests: int | None) -> tuple[Ten
     return values, R
 
 
-def worth_drafting(
-    stale_survival: Tensor, table: StepTimeTable, draft_seconds: float, num_requests: int | None = None
-) -> bool:
-    """Whether a drafter pass pays for itself this step, judged from stale survival (so the choice is exact).
+def best_depth(stale_survival: Tensor, step_seconds: Tensor, num_requests: int | None = None) -> int:
+    """The draft depth L that maximizes expected committed tokens per second, judged from stale survival.
 
-    Drafting costs `draft_seconds` before the verify forward. With the best budget K, a drafted step commits
-    R + S_K tokens (S_K = sum of the top-K stale survivals) in draft_seconds + 1 / SPS(R + K); a plain step commits
-    R tokens in 1 / SPS(R). Returns True iff max_K (R + S_K) / (draft_seconds + 1 / SPS(R + K)) > R * SPS(R).
-    The decision depends only on earlier steps, never on the drafts it would produce, so skipping the drafter
-    (a plain target step: verify the anchor only) leaves the output distribution untouched.
+    Every request verifies up to L drafts (a padded verify batch costs R x (L + 1) tokens whatever survives), so
+    a step at depth L commits R + S_L tokens in expectation, S_L = (R / R') * sum of the stale survivals at
+    positions < L, and takes step_seconds[L]. L = 0 is a plain target step without a drafter pass. Returns
+    argmax_L (R + S_L) / step_seconds[L], the smallest L on ties. The choice depends only on earlier steps (and
+    the timing model), never on the drafts it leads to, so truncating at L keeps the output exact.
 
     Args:
-        stale_survival: [R', B] survival of an earlier drafted step.
-        table: StepTimeTable (target steps per second against verify tokens).
-        draft_seconds: measured wall time of one drafter pass at this batch size (>= 0).
+        stale_survival: [R', B] prefix survival of an earlier drafted step.
+        step_seconds: [B + 1] predicted seconds of a step at depth 0..B (inf = not allowed), e.g.
+            `StepCosts.seconds(R, B)`.
         num_requests: R, the current number of requests (default R').
+    Returns:
+        L in 0..B.
     """
-    if not draft_seconds >= 0:
-        raise ValueError(f"draft_seconds must be a non-negative number, got {draft_seconds}.")
-    values, R = _stale_values(stale_survival, num_requests)
+    s = _checked_survival(stale_survival)
+    R_stale, B = s.shape
+    R = R_stale if num_requests is None else int(num_requests)
+    if R < 0:
+        raise ValueError(f"num_requests must be >= 0, got {R}.")
+    if step_seconds.shape != (B + 1,):
+        raise ValueError(f"step_seconds must have B + 1 = {B + 1} entries (depth 0..B), got shape {tuple(step_seconds.shape)}.")
+    seconds = step_seconds.to(torch.float64)
+    if bool(torch.isnan(seconds).any()) or bool((seconds <= 0).any()):
+        raise ValueError(f"step_seconds must be positive (inf allowed), got {seconds.tolist()}.")
     if R == 0:
-        return False
-    expected_tokens, sps = _expected_tokens_and_sps(values, R, table)
-    drafted = expected_tokens / (draft_seconds + 1.0 / sps)  # [K + 1]
-    return bool(drafted.max() > expected_tokens[0] * sps[0])
+        return 0
+    if R_stale == 0:
+        raise ValueError(
+            f"stale_survival has no rows, so it says nothing about a batch of {R} requests; "
+            "draft the full block until a step with requests has been seen."
+        )
+    expected = s.new_zeros(B + 1)  # [B + 1] expected committed tokens at depth 0..B
+    torch.cumsum(s.sum(0) * (R / R_stale), 0, out=expected[1:])
+    expected.add_(R)
+    return int(torch.argmax(expected / seconds))
 
 
 def allocate(survival: Tensor, K: int) -> Tensor:
@@ -284,9 +300,10 @@ def allocate(survival: Tensor, K: int) -> Tensor:
 class VerifyPolicy:
     """How many drafts each request verifies this step.
 
-    The loop calls `reset()` at the start of each generate call and `lengths(conf_logits, block_size)` once per
-    step, after drafting and before verification. Policies that need confidence logits and get None (a drafter
-    without a confidence head) verify the full block and say so once.
+    Per generate call the loop calls `reset()`; per step it calls `draft_depth(R, B)` before drafting,
+    `lengths(conf_logits, depth)` after drafting and before verification (skipped when the depth is 0), and
+    `observe_step(...)` at the end. Policies that need confidence logits and get None (a drafter without a
+    confidence head) verify every drafted token and say so once.
     """
 
     needs_confidence = False
@@ -294,23 +311,24 @@ class VerifyPolicy:
     def reset(self) -> None:
         """Forget per-generation state (history of earlier steps)."""
 
-    def wants_drafts(self, num_requests: int) -> bool:
-        """Whether the loop runs the drafter this step; False makes it a plain target step (anchor only).
+    def draft_depth(self, num_requests: int, block_size: int) -> int:
+        """How many of the B block slots the drafter fills this step, 0..B; 0 skips the drafter (a plain step).
 
-        Called before drafting, so it may use only earlier steps (that keeps every policy exact).
+        Called before drafting, so it may use only earlier steps (that keeps every policy exact). The loop may
+        lower the depth further (num_speculative_tokens, tokens left to generate).
         """
-        return True
+        return block_size
 
-    def observe_draft_time(self, num_requests: int, seconds: float) -> None:
-        """Wall time of this step's drafter pass at batch size `num_requests` (used by policies that price it)."""
+    def observe_step(self, num_requests: int, depth: int, step_seconds: float, draft_seconds: float) -> None:
+        """Wall time of the step just finished and of its drafter pass (0 when skipped), at depth `depth`."""
 
     def lengths(self, conf_logits: Tensor | None, block_size: int, num_requests: int | None = None) -> Tensor:
         """Drafts to verify per request.
 
         Args:
-            conf_logits: [R, B] confidence logits of this step's drafts (B == block_size), or None when the
+            conf_logits: [R, L] confidence logits of this step's drafts (L == block_size), or None when the
                 drafter has no confidence head.
-            block_size: B, drafts per request this step.
+            block_size: L, drafts per request this step (the depth drafted, at most the drafter's block).
             num_requests: R; needed only when conf_logits is None, checked against it otherwise.
         Returns:
             [R] int64 CPU tensor, each in 0..B.
@@ -344,23 +362,25 @@ class VerifyPolicy:
 
 
 class FullBlock(VerifyPolicy):
-    """Verify every draft (or the first `max_len`): plain DSpark/DFlash."""
+    """Verify every draft (or the first `max_len`, drafting no more than that): plain DSpark/DFlash."""
 
     def __init__(self, max_len: int | None = None):
         if max_len is not None and max_len < 0:
             raise ValueError(f"max_len must be >= 0, got {max_len}.")
         self.max_len = max_len
 
+    def draft_depth(self, num_requests, block_size):
+        return block_size if self.max_len is None else min(self.max_len, block_size)
+
     def _lengths(self, conf_logits, num_requests, block_size):
-        length = block_size if self.max_len is None else min(self.max_len, block_size)
-        return torch.full((num_requests,), length, dtype=torch.int64)
+        return torch.full((num_requests,), self.draft_depth(num_requests, block_size), dtype=torch.int64)
 
     def __repr__(self):
         return f"{type(self).__name__}(max_len={self.max_len})"
 
 
 class FixedLength(FullBlock):
-    """Verify the first k drafts of every request (k = 0 is plain decoding with drafting overhead)."""
+    """Verify the first k drafts of every request (k = 0 is plain decoding through our loop: no drafter pass)."""
 
     def __init__(self, k: int):
         super().__init__(max_len=k)
@@ -381,7 +401,7 @@ class ConfidenceThreshold(VerifyPolicy):
         self.temperatures = _checked_temperatures(temperatures)
 
     def _lengths(self, conf_logits, num_requests, block_size):
-        keep = _calibrated_confidence(conf_logits, self.temperatures) >= self.threshold  # [R, B]
+        keep = _calibrated_confidence(conf_logits, self.temperatures) >= self.threshold  # [R, L]
         return torch.cumprod(keep.long(), dim=1).sum(dim=1)
 
     def __repr__(self):
@@ -389,22 +409,33 @@ class ConfidenceThreshold(VerifyPolicy):
 
 
 class AdaptiveVerification(VerifyPolicy):
-    """The production rule: budget K from `staleness`-steps-old survival, slots to the top-K current survivals.
+    """The hardware-aware scheduler of our loop: the draft depth that maximizes expected tokens per second.
 
-    Until `staleness` steps of history exist (the first steps of each generate call) the lengths come from
-    `algorithm1` on the current step's survival, which is exact with same-step scores. When the table was profiled
-    for several batch sizes, the curve for the current R is used (`StepTimeTable.for_num_requests`).
+    transformers runs the verify batch padded to its longest row, so a step costs R x (L + 1) target tokens plus
+    a drafter pass at depth L, however many drafts would survive; per-request lengths below L would save
+    nothing. The scheduler therefore chooses one depth per step (SPEC section 6 with the padded price; the
+    paper's per-request rule, `budget` + `allocate`, is for packed verify batches):
 
-    Drafting is priced too (`skip_drafting=True`, our addition to the paper's rule): before each step the policy
-    asks `worth_drafting` whether a drafter pass plus the best verify budget beats a plain target step, using the
-    most recent drafted step's survival and the measured drafter time at this batch size. If not, the loop skips
-    the drafter and runs a plain step, so a weak drafter or a loaded device costs (almost) nothing. While skipping,
-    it drafts anyway every `probe_every` steps to refresh survival, doubling the interval after each probe that
-    confirms the skip, up to `max_probe_every`. All of this looks only at earlier steps: exact.
+    - before the step, `best_depth(survival of the latest drafted step, costs.seconds(R, B), R)`; the costs are
+      the loop's own measured step times (`StepCosts`, the step table as the prior), so drafting, verifying and
+      bookkeeping are all priced. Depth 0 skips the drafter: a weak drafter or a loaded device costs a plain step.
+      While skipping it drafts anyway (a probe at the best depth >= 1) after `probe_every` skipped steps,
+      doubling the interval after each probe that confirms the skip, up to `max_probe_every`;
+    - every request verifies the L drafts; their calibrated confidences become the survival for the next
+      decision (positions beyond L repeat the last drafted position's conditional confidence);
+    - the first drafted step, with no survival yet, drafts the full block.
+    Every choice uses earlier steps only: exact.
 
-    With `carry_over=True`, `reset()` keeps the survival history and the probe interval, so the next generate call
-    starts from what the last one measured (as an engine's scheduler would) instead of re-learning it; earlier
-    calls are still the past, so this stays exact. The drafter's measured time is always kept.
+    With `carry_over=True`, `reset()` keeps the survival and the probe interval, so the next generate call
+    starts from what the last one measured (as an engine's scheduler would); earlier calls are still the past,
+    so this stays exact. The measured step costs are always kept.
+
+    Args:
+        table: the device's step table (the prior of the step costs).
+        temperatures: [B] calibration temperatures of the confidence head (None: uncalibrated).
+        probe_every, max_probe_every: skipped steps before the first probe, and the cap of its doubling.
+        carry_over: keep survival and probe state across generate calls.
+        costs: the step-cost model (default `StepCosts(table)`, learning from the loop's timings).
     """
 
     needs_confidence = True
@@ -413,73 +444,53 @@ class AdaptiveVerification(VerifyPolicy):
         self,
         table: StepTimeTable,
         temperatures: Tensor | None = None,
-        staleness: int = 2,
-        skip_drafting: bool = True,
         probe_every: int = 4,
         max_probe_every: int = 64,
         carry_over: bool = False,
+        costs: StepCosts | None = None,
     ):
-        if staleness < 1:
-            raise ValueError(
-                f"staleness must be >= 1, got {staleness}: a budget chosen from the current step's own survival "
-                "is not exact; use algorithm1 for same-step scheduling."
-            )
         if not 1 <= probe_every <= max_probe_every:
             raise ValueError(f"Need 1 <= probe_every <= max_probe_every, got {probe_every} and {max_probe_every}.")
-        self.table = table
+        self.costs = StepCosts(table) if costs is None else costs
         self.temperatures = _checked_temperatures(temperatures)
-        self.staleness = staleness
-        self.skip_drafting = skip_drafting
         self.probe_every, self.max_probe_every = probe_every, max_probe_every
         self.carry_over = carry_over
-        self._history: deque[Tensor] = deque(maxlen=staleness)  # survival [R_t, B] of the last steps, oldest first
-        self._tables: dict[int, StepTimeTable] = {}
-        self._draft_seconds: dict[int, float] = {}  # batch size -> running mean of the drafter's wall time
+        self._survival: Tensor | None = None  # [R', B] survival of the latest drafted step
+        self._block_size: int | None = None
         self._skipped, self._interval = 0, probe_every
 
     def reset(self) -> None:
         if not self.carry_over:
-            self._history.clear()
+            self._survival = None
             self._skipped, self._interval = 0, self.probe_every
 
-    def _table_for(self, num_requests: int) -> StepTimeTable:
-        if num_requests not in self._tables:
-            self._tables[num_requests] = self.table.for_num_requests(num_requests)
-        return self._tables[num_requests]
-
-    def observe_draft_time(self, num_requests: int, seconds: float) -> None:
-        old = self._draft_seconds.get(num_requests)
-        self._draft_seconds[num_requests] = seconds if old is None else 0.5 * (old + seconds)
-
-    def wants_drafts(self, num_requests: int) -> bool:
-        if not self.skip_drafting or len(self._history) < self.staleness or not self._draft_seconds:
-            return True
-        # the drafter's time at the nearest measured batch size (ties: the larger one)
-        seen = min(self._draft_seconds, key=lambda r: (abs(r - num_requests), -r))
-        if worth_drafting(self._history[-1], self._table_for(num_requests), self._draft_seconds[seen], num_requests):
+    def draft_depth(self, num_requests: int, block_size: int) -> int:
+        self._block_size = block_size
+        if self._survival is None or self._survival.shape[1] != block_size:
+            return block_size  # warm-up
+        seconds = self.costs.seconds(num_requests, block_size)  # [B + 1]
+        depth = best_depth(self._survival, seconds, num_requests)
+        if depth > 0:
             self._skipped, self._interval = 0, self.probe_every
-            return True
+            return depth
         self._skipped += 1
         if self._skipped <= self._interval:
-            return False
-        self._skipped, self._interval = 0, min(2 * self._interval, self.max_probe_every)  # probe
-        return True
+            return 0
+        self._skipped, self._interval = 0, min(2 * self._interval, self.max_probe_every)
+        return best_depth(self._survival, torch.cat([seconds.new_full((1,), math.inf), seconds[1:]]), num_requests)
+
+    def observe_step(self, num_requests, depth, step_seconds, draft_seconds):
+        self.costs.observe(num_requests, depth, step_seconds, draft_seconds)
 
     def _lengths(self, conf_logits, num_requests, block_size):
-        survival = torch.cumprod(_calibrated_confidence(conf_logits, self.temperatures), dim=-1)  # [R, B]
-        if len(self._history) < self.staleness:  # no stale survival yet: Algorithm 1 on this step's (exact)
-            lengths = algorithm1(survival, self._table_for(num_requests))
-        else:
-            K = budget(self._history[0], self._table_for(num_requests), num_requests)
-            lengths = allocate(survival, K)
-        self._history.append(survival)
-        return lengths
+        c = _calibrated_confidence(conf_logits, self.temperatures)  # [R, L]
+        B = max(self._block_size or block_size, block_size)
+        c = torch.cat([c, c[:, -1:].expand(-1, B - block_size)], dim=1)  # [R, B]: extend past the drafted depth
+        self._survival = torch.cumprod(c, dim=1)
+        return torch.full((num_requests,), block_size, dtype=torch.int64)
 
     def __repr__(self):
-        return (
-            f"{type(self).__name__}(staleness={self.staleness}, calibrated={self.temperatures is not None}, "
-            f"skip_drafting={self.skip_drafting})"
-        )
+        return f"{type(self).__name__}(calibrated={self.temperatures is not None}, carry_over={self.carry_over})"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -488,7 +499,8 @@ class AdaptiveVerification(VerifyPolicy):
 
 
 def scheduler_overhead_ms(R: int = 64, B: int = 7, steps: int = 200) -> float:
-    """Median wall time (ms) of one `AdaptiveVerification.lengths` call at batch R, block B, on CPU."""
+    """Median wall time (ms) of the scheduler's work in one step at batch R, block B, on CPU:
+    `draft_depth` + `lengths` + `observe_step` of `AdaptiveVerification`."""
     from .step_table import DEFAULT_BATCH_TOKENS, StepTimeTable
 
     tokens = list(DEFAULT_BATCH_TOKENS)
@@ -496,13 +508,15 @@ def scheduler_overhead_ms(R: int = 64, B: int = 7, steps: int = 200) -> float:
     table = StepTimeTable(tokens, [1.0 / t for t in latency_s], max_batch_tokens=tokens[-1])
     policy = AdaptiveVerification(table, temperatures=torch.linspace(1.0, 1.5, B))
     gen = torch.Generator().manual_seed(0)
-    logits = [torch.randn(R, B, generator=gen) + 2.0 for _ in range(steps + policy.staleness)]
-    for z in logits[: policy.staleness]:  # fill the history so every timed call runs budget + allocate
-        policy.lengths(z, B)
     times = []
-    for z in logits[policy.staleness :]:
+    for i in range(steps + 1):
+        z = torch.randn(R, B, generator=gen) + 2.0
         t0 = time.perf_counter()
-        policy.lengths(z, B)
-        times.append(time.perf_counter() - t0)
+        depth = policy.draft_depth(R, B)
+        if depth:
+            policy.lengths(z[:, :depth], depth)
+        policy.observe_step(R, depth, 0.05 + 0.01 * depth, 0.005 * depth)
+        if i:  # the first call is the warm-up (no survival yet)
+            times.append(time.perf_counter() - t0)
     times.sort()
     return 1000.0 * times[len(times) // 2]

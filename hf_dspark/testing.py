@@ -4,6 +4,9 @@
 random position. Greedy output must not depend on what is drafted, so this exercises long accepted blocks, EOS and
 stop strings inside a block, per-row acceptance differences, cache holes and compaction -- without a trained drafter.
 
+`FixedStepCosts(seconds)` gives the scheduler step costs that do not learn from the (machine-dependent) timings,
+so a test can put it in a chosen regime: skipping the drafter, drafting a middle depth, ...
+
 `synthetic_drafts(reference, acceptance)` proposes the reference continuation with every token independently kept
 with probability `acceptance` (else corrupted) and sets the confidence logits to logit(acceptance): a drafter of
 known, perfectly calibrated quality. The benchmark uses it to measure the scheduler and the loop for a drafter
@@ -19,6 +22,8 @@ import torch
 
 from . import generation
 from .drafting import Draft
+from .step_costs import StepCosts
+from .step_table import StepTimeTable
 
 
 def ragged_batch(vocab: int, lengths=(5, 9, 3, 12), seed: int = 0, device: str | torch.device = "cpu") -> dict:
@@ -38,8 +43,8 @@ def _edited_drafts(edit: Callable[..., Draft]) -> Iterator[None]:
     """Run the real drafter pass, then replace its output by `edit(drafter, draft, prefix)`, until the block exits."""
     real = generation.draft_block
 
-    def drafted(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov):
-        out = real(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov)
+    def drafted(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, *args, **kwargs):
+        out = real(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, *args, **kwargs)
         return edit(drafter, out, prefix)
 
     generation.draft_block = drafted
@@ -89,3 +94,19 @@ def synthetic_drafts(reference: torch.Tensor, acceptance: float, seed: int = 0):
         return Draft(tokens, out.q, torch.full((n, b), logit, device=tokens.device))
 
     return _edited_drafts(edit)
+
+
+class FixedStepCosts(StepCosts):
+    """Step costs that ignore measurements: `seconds(R, B)` is the given per-depth list [depth 0, 1, ..., B]."""
+
+    def __init__(self, seconds: list[float]):
+        super().__init__(StepTimeTable([1, 2], [2.0, 1.0], max_batch_tokens=2))  # never consulted
+        self.fixed = torch.tensor(seconds, dtype=torch.float64)
+
+    def seconds(self, num_requests: int, block_size: int) -> torch.Tensor:
+        if self.fixed.numel() < block_size + 1:
+            raise ValueError(f"FixedStepCosts has {self.fixed.numel()} entries; the block needs {block_size + 1}.")
+        return self.fixed[: block_size + 1]
+
+    def observe(self, *args, **kwargs) -> None:
+        pass

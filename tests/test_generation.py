@@ -17,7 +17,7 @@ import hf_dspark
 import hf_dspark.generation as G
 from hf_dspark.scheduler import AdaptiveVerification, ConfidenceThreshold
 from hf_dspark.step_table import StepTimeTable
-from hf_dspark.testing import oracle_drafts, ragged_batch, synthetic_drafts
+from hf_dspark.testing import FixedStepCosts, oracle_drafts, ragged_batch, synthetic_drafts
 
 
 @pytest.fixture
@@ -44,14 +44,22 @@ def test_greedy_identical_tiny_ragged_batch(tiny_target, tiny_drafter, oracle, m
             assert tiny_drafter.last_stats.mean_accepted_length > 3.0
 
 
-def test_greedy_identical_when_the_scheduler_skips_drafting(tiny_target, tiny_drafter, oracle):
+@pytest.mark.parametrize("regime", ["skip", "mid_depth"])
+def test_greedy_identical_when_the_scheduler_skips_drafting_or_drafts_shallow(tiny_target, tiny_drafter, regime):
     enc = ragged_batch(256, seed=5)
     ref = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None)
-    oracle(ref)
-    out = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, verify_policy=skipping_policy())
+    policy = skipping_policy() if regime == "skip" else mid_depth_policy()
+    with synthetic_drafts(ref, 0.9):  # calibrated confidence 0.9 per token
+        out = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, verify_policy=policy)
     assert torch.equal(out, ref)
     stats = tiny_drafter.last_stats
-    assert 0 < stats.drafted_steps < stats.steps and stats.accepted_tokens > 0
+    assert stats.accepted_tokens > 0 and len(stats.step_seconds) == stats.steps
+    depths = [int(v.max()) for v in stats.num_verified]  # per drafted step
+    assert depths[0] == tiny_drafter.config.block_size  # warm-up: the full block
+    if regime == "skip":
+        assert 1 < stats.drafted_steps < stats.steps  # the warm-up, then probes between skipped steps
+    else:  # expected tokens per second (1 + 0.9 + ... + 0.9^L) / (1 + L / 2) peak at L = 3
+        assert max(depths[1:]) == 3 and stats.drafted_steps >= stats.steps - 1  # (the last step: 1 token left)
 
 
 def test_synthetic_drafts_have_the_requested_quality_and_stay_exact(tiny_target, tiny_drafter):
@@ -64,6 +72,7 @@ def test_synthetic_drafts_have_the_requested_quality_and_stay_exact(tiny_target,
         assert torch.equal(out, ref)
         taus[alpha] = tiny_drafter.last_stats.mean_accepted_length
         conf = torch.cat(tiny_drafter.last_stats.conf_logits)
+        conf = conf[~conf.isnan()]  # NaN: slots past a step's depth (capped near max_new_tokens)
         assert torch.allclose(torch.sigmoid(conf), torch.full_like(conf, alpha))
     assert taus[0.2] < 1.6 < 2.5 < taus[0.9]
 
@@ -256,23 +265,32 @@ def small_vocab():
     return target, drafter, prompt, exact_joint(target, prompt, 0.8, 4)
 
 
+TABLE = StepTimeTable([1, 2048, 8192, 16384], [100.0, 80.0, 30.0, 10.0], 65536, {})
+
+
 def skipping_policy() -> AdaptiveVerification:
-    """The scheduler on a device where a target step is ~free next to drafting: after the first step it skips the
-    drafter, probing every other step, so drafted and plain steps alternate inside one generate call."""
-    return AdaptiveVerification(StepTimeTable([1, 65536], [1e9, 5e8], 65536, {}), staleness=1, probe_every=1, max_probe_every=1)
+    """The scheduler on a device where drafting costs 20x a plain step: after the full-block warm-up it skips the
+    drafter, probing every other step, so drafted and plain steps alternate inside one call."""
+    return AdaptiveVerification(TABLE, probe_every=1, max_probe_every=1, costs=FixedStepCosts([1.0] + [20.0] * 8))
 
 
-@pytest.mark.parametrize("policy", ["full", "threshold", "adaptive", "adaptive_skip"])
+def mid_depth_policy() -> AdaptiveVerification:
+    """The scheduler where each drafted token costs as much as half a plain step: it drafts 1-2 tokens deep."""
+    return AdaptiveVerification(TABLE, costs=FixedStepCosts([1.0 + 0.5 * L for L in range(9)]))
+
+
+@pytest.mark.parametrize("policy", ["full", "threshold", "adaptive", "adaptive_skip", "adaptive_mid_depth"])
 def test_sampling_matches_target_distribution(small_vocab, policy):
     target, drafter, prompt, probs = small_vocab
     kw = {}
     if policy == "threshold":
         kw["confidence_threshold"] = 0.5
     elif policy == "adaptive":
-        table = StepTimeTable([1, 2048, 8192, 16384], [100.0, 80.0, 30.0, 10.0], 65536, {})
-        kw["verify_policy"] = AdaptiveVerification(table, staleness=1)
+        kw["verify_policy"] = AdaptiveVerification(TABLE)
     elif policy == "adaptive_skip":
         kw["verify_policy"] = skipping_policy()
+    elif policy == "adaptive_mid_depth":
+        kw["verify_policy"] = mid_depth_policy()
     counts = sample_counts(target, prompt, assistant_model=drafter, **kw)
     assert chi_square_pvalue(counts, probs) > 1e-3
     stats = drafter.last_stats

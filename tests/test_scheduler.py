@@ -1,6 +1,7 @@
 """Scheduler core against plain-Python brute force, non-anticipation, policies and bad input."""
 
 import copy
+import math
 import random
 
 import pytest
@@ -17,8 +18,9 @@ from hf_dspark.scheduler import (
     budget,
     scheduler_overhead_ms,
     survival_from_confidence,
-    worth_drafting,
+    best_depth,
 )
+from hf_dspark.testing import FixedStepCosts
 from hf_dspark.step_table import StepTimeTable
 
 
@@ -81,14 +83,16 @@ def budget_loop(stale, table, R):
     return best_k
 
 
-def worth_drafting_loop(stale, table, draft_seconds, R):
-    """Drafting pays iff some K gives (R + S_K) / (t_draft + 1 / SPS(R + K)) > R * SPS(R)."""
+def best_depth_loop(stale, seconds, R):
+    """argmax over L of (R + (R / R') * sum of stale survival at positions < L) / seconds[L], smallest L on ties."""
     R_stale, B = stale.shape
-    values = sorted(stale.reshape(-1).tolist(), reverse=True)
-    values = [values[-(-j * R_stale // R) - 1] for j in range(1, R * B + 1)]
-    plain = R * table.steps_per_sec(min(R, table.max_batch_tokens))
-    ks = range(0, min(R * B, max(0, table.max_batch_tokens - R)) + 1)
-    return any((R + sum(values[:K])) / (draft_seconds + 1 / table.steps_per_sec(R + K)) > plain for K in ks)
+    best_l, best = 0, None
+    for L in range(B + 1):
+        tokens = R + R / R_stale * sum(stale[r][k].item() for r in range(R_stale) for k in range(L))
+        rate = tokens / seconds[L]
+        if best is None or rate > best:
+            best_l, best = L, rate
+    return best_l
 
 
 def allocate_loop(survival, K):
@@ -132,58 +136,61 @@ def test_budget_for_a_grown_batch_reads_stale_survival_as_a_distribution():
         assert budget(stale, table, num_requests=4) == budget(torch.cat([stale, stale]), table)
 
 
-def test_worth_drafting_matches_brute_force():
+def test_best_depth_matches_brute_force():
     rng = random.Random(11)
-    decisions = set()
+    depths = set()
     for _ in range(400):
         R_stale, B = rng.randint(1, 3), rng.randint(1, 4)
-        stale, table = random_survival(rng, R_stale, B), random_table(rng)
+        stale = random_survival(rng, R_stale, B)
         R = rng.choice([R_stale, rng.randint(1, 4)])
-        draft_seconds = rng.choice([0.0, 0.05, 0.3, 1.0, 5.0]) / table.steps_per_sec(1)
-        got = worth_drafting(stale, table, draft_seconds, R)
-        assert got == worth_drafting_loop(stale, table, draft_seconds, R)
-        decisions.add(got)
-    assert decisions == {True, False}
+        seconds = [rng.choice([0.5, 1.0, 1.2, 2.0, 4.0, float("inf")]) for _ in range(B + 1)]
+        seconds[0] = rng.choice([0.5, 1.0])
+        got = best_depth(stale, torch.tensor(seconds), R)
+        assert got == best_depth_loop(stale, seconds, R)
+        depths.add(got)
+    assert depths >= {0, 1, 2, 3}
 
 
-def test_worth_drafting_prices_the_drafter():
-    table = StepTimeTable([1, 8], [10.0, 9.0], max_batch_tokens=64)  # verifying 8 tokens is nearly free
-    good = torch.full((1, 7), 0.9).cumprod(1)
-    assert worth_drafting(good, table, draft_seconds=0.01)  # a cheap drafter with good survival pays
-    assert not worth_drafting(good, table, draft_seconds=10.0)  # a drafter 100x slower than a step does not
-    assert not worth_drafting(torch.zeros(1, 7), table, draft_seconds=0.0)  # nothing survives: plain is as good
-    with pytest.raises(ValueError, match="draft_seconds"):
-        worth_drafting(good, table, draft_seconds=float("nan"))
+def test_best_depth_prices_the_whole_step():
+    good = torch.full((2, 7), 0.9).cumprod(1)
+    linear = torch.tensor([1.0] + [1.2 + 0.1 * L for L in range(1, 8)])  # drafting costs 0.2 + 0.1 per depth
+    assert best_depth(good, linear) == 7  # good drafts: deep blocks pay
+    assert best_depth(good, torch.tensor([1.0] + [10.0] * 7)) == 0  # a drafter 9x a plain step does not
+    assert best_depth(torch.zeros(2, 7), linear) == 0  # nothing survives: plain is as good and cheaper
+    assert best_depth(torch.full((2, 7), 0.5).cumprod(1), linear) == 2  # (2 + 1.5) / 1.4 beats L = 1 and L = 3
+    assert best_depth(good, torch.tensor([1.0, 1.3, 1.4] + [math.inf] * 5)) == 2  # beyond max_batch_tokens: inf
+    with pytest.raises(ValueError, match="B \\+ 1"):
+        best_depth(good, torch.ones(7))
+    with pytest.raises(ValueError, match="positive"):
+        best_depth(good, torch.tensor([1.0, 0.0] + [1.0] * 6))
 
 
 def test_adaptive_skips_drafting_when_it_does_not_pay_and_probes_with_backoff():
     table = StepTimeTable([1, 8], [10.0, 9.0], max_batch_tokens=64)
-    policy = AdaptiveVerification(table, staleness=1, probe_every=2, max_probe_every=8)
+    costs = FixedStepCosts([0.1] + [0.15 + 0.01 * L for L in range(1, 8)])  # a drafter half a plain step
+    policy = AdaptiveVerification(table, probe_every=2, max_probe_every=8, costs=costs)
     weak = torch.full((1, 7), -6.0)  # survival ~0.0025
-    assert policy.wants_drafts(1)  # no history yet
-    policy.observe_draft_time(1, 0.05)  # half a plain step
+    assert policy.draft_depth(1, 7) == 7  # no survival yet: warm-up with the full block
     policy.lengths(weak, 7)
     pattern = []
     for _ in range(30):
-        drafting = policy.wants_drafts(1)
-        pattern.append(int(drafting))
-        if drafting:
-            policy.observe_draft_time(1, 0.05)
-            policy.lengths(weak, 7)
-    # skip 2, probe, skip 4, probe, skip 8, probe, skip 8, ...
+        depth = policy.draft_depth(1, 7)
+        pattern.append(depth)
+        if depth:
+            policy.lengths(weak[:, :depth], depth)
+    # skip 2, probe, skip 4, probe, skip 8, probe, skip 8, ...; probes draft the best positive depth only
     assert pattern[:18] == [0, 0, 1, 0, 0, 0, 0, 1] + [0] * 8 + [1, 0]
-    strong = torch.full((1, 7), 8.0)
-    policy.lengths(strong, 7)  # a probe that finds drafting worthwhile again
-    assert all(policy.wants_drafts(1) for _ in range(5))
+    strong = torch.full((1, 1), 8.0)
+    policy.lengths(strong, 1)  # a probe that finds drafting worthwhile again (deeper slots extrapolated)
+    assert [policy.draft_depth(1, 7) for _ in range(3)] == [7, 7, 7]
     policy.lengths(weak, 7)
     policy.reset()  # a new generate call starts over: warm-up drafts again
-    assert policy.wants_drafts(1)
-    carried = AdaptiveVerification(table, staleness=1, carry_over=True)
-    carried.observe_draft_time(1, 0.05)
+    assert policy.draft_depth(1, 7) == 7
+    carried = AdaptiveVerification(table, carry_over=True, costs=costs)
+    carried.draft_depth(1, 7)
     carried.lengths(weak, 7)
     carried.reset()  # ...unless the scheduler carries its measurements over (as the loop's default one does)
-    assert not carried.wants_drafts(1)
-    assert AdaptiveVerification(table, staleness=1, skip_drafting=False).wants_drafts(1)
+    assert carried.draft_depth(1, 7) == 0
     with pytest.raises(ValueError, match="probe_every"):
         AdaptiveVerification(table, probe_every=0)
 
@@ -237,11 +244,19 @@ def staircase_table():
 
 
 def adaptive_rule(table, history):
-    """AdaptiveVerification with a fixed history: every call starts from the same state."""
-    policy = AdaptiveVerification(table, staleness=2)
+    """AdaptiveVerification with a fixed history: every call starts from the same state (verifies its depth)."""
+    policy = AdaptiveVerification(table)
     for z in history:
+        policy.draft_depth(z.shape[0], z.shape[1])
         policy.lengths(z, z.shape[1])
-    return lambda z: copy.deepcopy(policy).lengths(z, z.shape[1])
+
+    def rule(z):
+        p = copy.deepcopy(policy)
+        depth = p.draft_depth(z.shape[0], z.shape[1])
+        lengths = p.lengths(z[:, :depth], depth) if depth else torch.zeros(z.shape[0], dtype=torch.int64)
+        return lengths
+
+    return rule
 
 
 def test_threshold_adaptive_and_algorithm1_are_non_anticipating():
@@ -288,32 +303,39 @@ def test_static_policies():
     assert ConfidenceThreshold(0.9, temperatures=[10.0, 1.0, 1.0, 1.0]).lengths(z, 4).tolist() == [0, 0, 0]
 
 
-def test_adaptive_uses_algorithm1_until_history_then_stale_budget_and_current_allocation():
+def test_adaptive_warms_up_with_the_full_block_then_drafts_the_best_depth_of_the_latest_survival():
     table, gen = staircase_table(), torch.Generator().manual_seed(6)
-    steps = [torch.randn(R, 5, generator=gen) * 2 + 1 for R in (3, 3, 2, 4, 1)]
-    policy = AdaptiveVerification(table, staleness=2)
-    for _ in range(2):  # reset() restarts the history
+    seconds = [1.0] + [1.3 + 0.1 * L for L in range(1, 6)]
+    policy = AdaptiveVerification(table, costs=FixedStepCosts(seconds))
+    for _ in range(2):  # reset() forgets the survival
         policy.reset()
-        for t, z in enumerate(steps):
-            got = policy.lengths(z, 5)
-            if t < 2:
-                assert got.tolist() == algorithm1(survival_from_confidence(z), table).tolist()
+        last = None
+        for R in (3, 3, 2, 4, 1):
+            depth = policy.draft_depth(R, 5)
+            if last is None:
+                assert depth == 5
             else:
-                K = budget(survival_from_confidence(steps[t - 2]), table, z.shape[0])
-                assert got.tolist() == allocate(survival_from_confidence(z), K).tolist()
+                assert depth == best_depth(last, torch.tensor(seconds), R)
+            z = torch.randn(R, 5, generator=gen) * 2 + 1
+            if depth:
+                assert policy.lengths(z[:, :depth], depth).tolist() == [depth] * R  # padded batch: all verify L
+                c = torch.sigmoid(z[:, :depth])
+                last = torch.cat([c, c[:, -1:].expand(-1, 5 - depth)], 1).cumprod(1)  # extended past L
 
 
-def test_adaptive_picks_the_curve_for_the_batch_size():
+def test_adaptive_prices_with_the_curve_for_the_batch_size():
     curves = {
         "1": {"sample_batch_tokens": [1, 2, 8], "sample_steps_per_sec": [10.0, 10.0, 1.0]},
         "4": {"sample_batch_tokens": [4, 5, 40], "sample_steps_per_sec": [10.0, 1.0, 1.0]},
     }
     table = StepTimeTable(**curves["1"], max_batch_tokens=40, metadata={"curves": curves})
     assert table.for_num_requests(7).sample_batch_tokens == [4, 5, 40]
-    policy = AdaptiveVerification(table, staleness=1)
+    policy = AdaptiveVerification(table)
     z = torch.full((4, 3), 5.0)
+    policy.draft_depth(4, 3)
     policy.lengths(z, 3)
-    assert policy.lengths(z, 3).tolist() == [0, 0, 0, 0]  # R = 4 curve: one more token costs 10x
+    assert policy.draft_depth(4, 3) == 0  # R = 4 curve: a second column costs 10x
+    assert policy.draft_depth(1, 3) == 3  # R = 1 curve: up to 7 tokens cost the same
 
 
 def test_confidence_policies_fall_back_to_full_block_without_confidence_head(caplog):
@@ -330,8 +352,6 @@ def test_policy_rejects_wrong_shapes_and_parameters():
         FullBlock().lengths(torch.zeros(2, 5), 7)
     with pytest.raises(ValueError, match="threshold"):
         ConfidenceThreshold(1.5)
-    with pytest.raises(ValueError, match="staleness"):
-        AdaptiveVerification(staircase_table(), staleness=0)
     with pytest.raises(ValueError, match="temperatures"):
         ConfidenceThreshold(0.5, temperatures=[1.0, 0.0])
     with pytest.raises(ValueError, match="block size"):

@@ -242,7 +242,7 @@ def _calibrate(args) -> int:
                      "tau": res["tau"], "dtype": args.dtype}
     out = Path(args.out or Path(args.drafter) / "calibration.json")
     save_calibration(cal, out)
-    plot_reliability(res["conf_logits"], res["num_accepted"], cal, out.with_name("reliability.png"))
+    plot_reliability(res["conf_logits"], res["num_accepted"], cal, out.with_name("reliability.png"), num_verified=res["num_verified"])
     print(json.dumps({k: v for k, v in cal.items() if k != "source"}, indent=1))
     print(f"[calibrate] wrote {out} and {out.with_name('reliability.png')}")
     return 0

@@ -1,0 +1,116 @@
+"""What one decoding step costs, learned online from the loop's own timings, with the step table as the prior.
+
+A step with R requests and draft depth L (the drafter proposes L tokens per request and every request verifies
+up to L of them; L = 0 is a plain target step that skips the drafter) takes
+
+    seconds(R, L) = verify(R, L) + draft(R, L),        draft(R, 0) = 0
+
+- verify(R, L): everything except the drafter pass: the target forward over R x (L + 1) tokens (transformers
+  pads every row of a batch to the longest one, so the depth, not the number of surviving drafts, sets the
+  cost), acceptance, commit and cache bookkeeping;
+- draft(R, L): the drafter pass, whose vocabulary-wide lm_head grows with L.
+
+The step table measures only the target forward, outside the loop; the rest of a step (the drafter, per-row
+Python work, cache compaction) is what made a table-only price too optimistic under load. So `StepCosts` keeps a
+running mean of the measured verify and draft seconds per (R, L) and predicts a cell it has not measured:
+- verify: the table's time T_R(R (L + 1)) scaled by the smallest measured/table ratio of the cells measured at R
+  (optimistic, so an unmeasured depth that might be the best gets tried once and is known from then on);
+- draft: the least-squares line (intercept and slope >= 0) through the measured depths at R; with one depth
+  measured, proportional to L (optimistic for shallower depths, so the scheduler tries them and learns);
+- a batch size never measured borrows the ratio and the line of the nearest measured one (rows finish one by
+  one, so R walks down through sizes the scheduler has not seen yet).
+With no measurement at all, verify is the table's time and drafting is free: the first steps draft.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .step_table import StepTimeTable
+
+
+class StepCosts:
+    """Seconds of one decoding step against batch size R and draft depth L, from measured steps.
+
+    Args:
+        table: the device's step table (prior for the target forward; `for_num_requests(R)` picks the curve).
+        weight: weight of a new measurement in a cell's running mean (exponential forgetting).
+    """
+
+    def __init__(self, table: StepTimeTable, weight: float = 0.3):
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"weight must be in (0, 1], got {weight}.")
+        self.table = table
+        self.weight = weight
+        self._cells: dict[int, dict[int, tuple[float, float]]] = {}  # R -> L -> (verify s, draft s) running means
+        self._tables: dict[int, StepTimeTable] = {}
+
+    def observe(self, num_requests: int, depth: int, step_seconds: float, draft_seconds: float = 0.0) -> None:
+        """Record one measured step: its wall time and the part spent in the drafter pass (0 for a plain step)."""
+        if num_requests < 1 or depth < 0:
+            raise ValueError(f"Need num_requests >= 1 and depth >= 0, got {num_requests} and {depth}.")
+        if not (math.isfinite(step_seconds) and math.isfinite(draft_seconds) and 0.0 <= draft_seconds):
+            raise ValueError(f"Step timings must be finite and >= 0, got {step_seconds} and {draft_seconds}.")
+        draft_seconds = draft_seconds if depth else 0.0  # a plain step has no drafter pass
+        new = (max(step_seconds - draft_seconds, 0.0), draft_seconds)
+        cells = self._cells.setdefault(num_requests, {})
+        old = cells.get(depth)
+        w = self.weight
+        cells[depth] = new if old is None else (old[0] + w * (new[0] - old[0]), old[1] + w * (new[1] - old[1]))
+
+    def measured(self, num_requests: int, depth: int) -> bool:
+        """Whether a step at exactly (R, L) has been measured."""
+        return depth in self._cells.get(num_requests, {})
+
+    def _table_seconds(self, num_requests: int, block_size: int) -> Tensor:
+        """T_R(R (L + 1)) for L = 0..B: [B + 1] float64; inf where the batch exceeds the table's max_batch_tokens."""
+        if num_requests not in self._tables:
+            self._tables[num_requests] = self.table.for_num_requests(num_requests)
+        table = self._tables[num_requests]
+        n = num_requests * torch.arange(1, block_size + 2)
+        seconds = 1.0 / table.steps_per_sec_tensor(n)
+        return seconds.masked_fill(n > table.max_batch_tokens, math.inf)
+
+    def seconds(self, num_requests: int, block_size: int) -> Tensor:
+        """Predicted seconds of a step at depth L = 0..B for R requests: [B + 1] float64 (inf = not allowed)."""
+        R, B = num_requests, block_size
+        if R < 1 or B < 1:
+            raise ValueError(f"Need num_requests >= 1 and block_size >= 1, got {R} and {B}.")
+        prior = self._table_seconds(R, B)
+        if not self._cells:
+            return prior
+        seen = R if R in self._cells else min(self._cells, key=lambda r: (abs(r - R), -r))  # ties: the larger
+        cells = {L: c for L, c in self._cells[seen].items() if L <= B}
+        if not cells:
+            return prior
+        seen_prior = self._table_seconds(seen, max(cells))
+        ratios = [c[0] / float(seen_prior[L]) for L, c in cells.items() if math.isfinite(seen_prior[L])]
+        verify = prior * (min(ratios) if ratios else 1.0)  # optimistic: an unmeasured cell gets tried, then known
+        draft = _line(cells, B)
+        if seen == R:  # measured cells speak for themselves
+            for L, (v, d) in cells.items():
+                if math.isfinite(verify[L]):
+                    verify[L], draft[L] = v, d
+        return verify + draft
+
+
+def _line(cells: dict[int, tuple[float, float]], block_size: int) -> Tensor:
+    """Drafter seconds for L = 0..B from the measured depths: least squares c0 + c1 L with c0, c1 >= 0."""
+    points = [(L, d) for L, (_, d) in cells.items() if L >= 1]
+    out = torch.zeros(block_size + 1, dtype=torch.float64)
+    if not points:
+        return out
+    depths = torch.tensor([p[0] for p in points], dtype=torch.float64)
+    times = torch.tensor([p[1] for p in points], dtype=torch.float64)
+    slope, intercept = float(times.sum() / depths.sum()), 0.0  # through the origin
+    if len(points) >= 2:
+        dL = depths - depths.mean()
+        slope = max(float((dL * (times - times.mean())).sum() / (dL * dL).sum()), 0.0)
+        intercept = float(times.mean()) - slope * float(depths.mean())
+        if intercept < 0:
+            slope, intercept = float((depths * times).sum() / (depths * depths).sum()), 0.0
+    out[1:] = intercept + slope * torch.arange(1, block_size + 1, dtype=torch.float64)
+    return out

@@ -1,0 +1,77 @@
+"""StepCosts: the table as the prior, measured cells, interpolation across depths and batch sizes, bad input."""
+
+import math
+
+import pytest
+import torch
+
+from hf_dspark.step_costs import StepCosts
+from hf_dspark.step_table import StepTimeTable
+
+
+def linear_table(max_batch_tokens=64):
+    """A target forward of 0.01 s + 0.001 s per token (probed at every N, so lookups are exact)."""
+    tokens = list(range(1, max_batch_tokens + 1))
+    return StepTimeTable(tokens, [1.0 / (0.01 + 0.001 * n) for n in tokens], max_batch_tokens)
+
+
+def test_without_measurements_the_table_prices_the_padded_batch_and_drafting_is_free():
+    costs = StepCosts(linear_table(max_batch_tokens=20))
+    got = costs.seconds(4, 7)  # R = 4: depth L costs 4 (L + 1) tokens; 6 columns and more exceed 20 tokens
+    expected = [0.01 + 0.001 * 4 * (L + 1) for L in range(5)] + [math.inf] * 3
+    assert got.tolist() == pytest.approx(expected)
+
+
+def test_measured_cells_are_running_means():
+    costs = StepCosts(linear_table(), weight=0.5)
+    costs.observe(4, 2, step_seconds=0.5, draft_seconds=0.1)
+    assert costs.measured(4, 2) and not costs.measured(4, 3) and not costs.measured(3, 2)
+    assert float(costs.seconds(4, 7)[2]) == pytest.approx(0.5)
+    costs.observe(4, 2, step_seconds=0.7, draft_seconds=0.1)
+    assert float(costs.seconds(4, 7)[2]) == pytest.approx(0.6)
+    costs.observe(4, 0, step_seconds=0.2, draft_seconds=0.05)  # a plain step never spends time in the drafter
+    assert float(costs.seconds(4, 7)[0]) == pytest.approx(0.2)
+
+
+def test_unmeasured_depths_scale_the_table_and_follow_the_drafter_line():
+    table = linear_table()
+    costs = StepCosts(table)
+    T = lambda n: 0.01 + 0.001 * n  # noqa: E731
+    # the loop's verify part is 2x the table; the drafter costs 0.02 + 0.01 L
+    for L in (1, 3):
+        costs.observe(8, L, step_seconds=2 * T(8 * (L + 1)) + 0.02 + 0.01 * L, draft_seconds=0.02 + 0.01 * L)
+    got = costs.seconds(8, 7)
+    for L in range(1, 8):
+        assert float(got[L]) == pytest.approx(2 * T(8 * (L + 1)) + 0.02 + 0.01 * L)
+    assert float(got[0]) == pytest.approx(2 * T(8))
+
+
+def test_one_measured_depth_makes_drafting_proportional_to_depth():
+    costs = StepCosts(linear_table())
+    costs.observe(2, 4, step_seconds=0.1, draft_seconds=0.04)
+    draft = costs.seconds(2, 7) - StepCosts(linear_table()).seconds(2, 7) * (0.06 / (0.01 + 0.001 * 10))
+    assert draft[1:].tolist() == pytest.approx([0.01 * L for L in range(1, 8)])
+
+
+def test_an_unseen_batch_size_borrows_from_the_nearest_measured_one():
+    table = linear_table()
+    costs = StepCosts(table)
+    costs.observe(8, 2, step_seconds=0.1, draft_seconds=0.03)  # verify 0.07 vs table 0.034
+    costs.observe(8, 5, step_seconds=0.5, draft_seconds=0.075)  # verify 0.425 vs table 0.058: a larger ratio
+    costs.observe(16, 2, step_seconds=0.3, draft_seconds=0.05)
+    ratio8 = 0.07 / (0.01 + 0.001 * 24)  # unmeasured cells get the smallest ratio (optimistic)
+    got = costs.seconds(6, 3)  # nearest measured: 8
+    assert float(got[2]) == pytest.approx(ratio8 * (0.01 + 0.001 * 18) + 0.03)  # draft line through 2 and 5
+    assert float(got[0]) == pytest.approx(ratio8 * (0.01 + 0.001 * 6))
+    assert float(costs.seconds(12, 3)[2]) > float(costs.seconds(11, 3)[2])  # ties go to the larger size
+
+
+def test_bad_measurements_are_refused():
+    costs = StepCosts(linear_table())
+    for args in [(0, 1, 0.1, 0.0), (2, -1, 0.1, 0.0), (2, 1, float("nan"), 0.0), (2, 1, 0.1, -1.0)]:
+        with pytest.raises(ValueError):
+            costs.observe(*args)
+    with pytest.raises(ValueError, match="weight"):
+        StepCosts(linear_table(), weight=0.0)
+    with pytest.raises(ValueError, match="block_size"):
+        costs.seconds(2, 0)
