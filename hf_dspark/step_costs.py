@@ -46,7 +46,7 @@ class StepCosts:
         self.table = table
         self.weight = weight
         self._cells: dict[int, dict[int, tuple[float, float]]] = {}  # R -> L -> (verify s, draft s) running means
-        self._tables: dict[int, StepTimeTable] = {}
+        self._prior: dict[tuple[int, int], Tensor] = {}  # (R, B) -> table seconds per depth
 
     def observe(self, num_requests: int, depth: int, step_seconds: float, draft_seconds: float = 0.0) -> None:
         """Record one measured step: its wall time and the part spent in the drafter pass (0 for a plain step)."""
@@ -66,13 +66,17 @@ class StepCosts:
         return depth in self._cells.get(num_requests, {})
 
     def _table_seconds(self, num_requests: int, block_size: int) -> Tensor:
-        """T_R(R (L + 1)) for L = 0..B: [B + 1] float64; inf where the batch exceeds the table's max_batch_tokens."""
-        if num_requests not in self._tables:
-            self._tables[num_requests] = self.table.for_num_requests(num_requests)
-        table = self._tables[num_requests]
-        n = num_requests * torch.arange(1, block_size + 2)
-        seconds = 1.0 / table.steps_per_sec_tensor(n)
-        return seconds.masked_fill(n > table.max_batch_tokens, math.inf)
+        """T_R(R (L + 1)) for L = 0..B: [B + 1] float64; inf where the batch exceeds the table's max_batch_tokens.
+
+        Cached per (R, B): the table never changes. Callers must not modify the returned tensor.
+        """
+        key = (num_requests, block_size)
+        if key not in self._prior:
+            table = self.table.for_num_requests(num_requests)
+            n = num_requests * torch.arange(1, block_size + 2)
+            seconds = 1.0 / table.steps_per_sec_tensor(n)
+            self._prior[key] = seconds.masked_fill(n > table.max_batch_tokens, math.inf)
+        return self._prior[key]
 
     def seconds(self, num_requests: int, block_size: int) -> Tensor:
         """Predicted seconds of a step at depth L = 0..B for R requests: [B + 1] float64 (inf = not allowed)."""
@@ -81,11 +85,11 @@ class StepCosts:
             raise ValueError(f"Need num_requests >= 1 and block_size >= 1, got {R} and {B}.")
         prior = self._table_seconds(R, B)
         if not self._cells:
-            return prior
+            return prior.clone()
         seen = R if R in self._cells else min(self._cells, key=lambda r: (abs(r - R), -r))  # ties: the larger
         cells = {L: c for L, c in self._cells[seen].items() if L <= B}
         if not cells:
-            return prior
+            return prior.clone()
         seen_prior = self._table_seconds(seen, max(cells))
         ratios = [c[0] / float(seen_prior[L]) for L, c in cells.items() if math.isfinite(seen_prior[L])]
         verify = prior * (min(ratios) if ratios else 1.0)  # optimistic: an unmeasured cell gets tried, then known
