@@ -3,8 +3,9 @@
 
     hf-dspark bench --prompts gsm8k --n 8 --batch-sizes 1,4,16 --json bench.json --plots plots/
 
-Every contender runs the same batches; tokens/s is the median over `--repeats` timed passes after one warm-up
-pass; speedups are against `plain` measured in the same run; `identical_to_plain` compares greedy outputs.
+Every contender runs the same batches; tokens/s is the median over `--repeats` timed passes (interleaved across
+contenders, so drift of the machine's speed does not favour anyone) after a warm-up batch; speedups are against
+`plain` measured in the same run; `identical_to_plain` compares greedy outputs with an untimed plain pass.
 """
 
 from __future__ import annotations
@@ -145,24 +146,35 @@ class Bench:
         return self._table
 
     def run(self, prompt_set: str, prompts: list[str], batch_size: int, contenders: list[str], repeats: int) -> list[Record]:
+        """Time every contender on the same batches; the timed passes are interleaved (pass 1 of every contender,
+        then pass 2, ...) so a machine that speeds up or slows down during the run does not favour anyone."""
         total = -(-len(prompts) // batch_size) * batch_size  # whole batches, prompts cycled to fill the last
         cycled = [prompts[i % len(prompts)] for i in range(total)]
         batches = [cycled[i : i + batch_size] for i in range(0, total, batch_size)]
         encoded = [self.encode(b) for b in batches]
-        records, reference = [], None
+        plain = self.runner("plain")
+        reference = [plain(enc) for enc in encoded]  # untimed: the outputs every contender must reproduce
+        records, runs = [], {}
         for contender in contenders:
             rec = Record(contender, prompt_set, batch_size)
+            records.append(rec)
             if batch_size > 1 and contender in BATCH_1_ONLY:
                 rec.supported, rec.reason = False, BATCH_1_ONLY[contender]
-                records.append(rec)
                 continue
-            run = self.runner(contender)
+            run = plain if contender == "plain" else self.runner(contender)
             if self.synthetic_acceptance and contender != "plain":
                 run = self._with_synthetic_drafts(run, encoded, reference)
                 rec.synthetic_acceptance = self.synthetic_acceptance
-            outputs, stats = self._timed(run, encoded, repeats, rec, desc=f"{prompt_set} bs={batch_size} {contender}")
-            if contender == "plain":
-                reference = outputs
+            run(encoded[0])  # warm-up, excluded
+            runs[contender] = run
+        timed = [r for r in records if r.supported]
+        results = {}
+        for _ in tqdm(range(repeats), desc=f"{prompt_set} bs={batch_size}", leave=False):
+            for rec in timed:
+                results[rec.contender] = self._timed_pass(runs[rec.contender], encoded, rec)
+        for rec in timed:
+            outputs, stats = results[rec.contender]
+            rec.tokens_per_s = rec.new_tokens / statistics.median(rec.repeats_s)
             rec.identical_to_plain = all(torch.equal(a, b) for a, b in zip(outputs, reference))
             if stats:
                 accepted = [a for s in stats for a in s.accepted_lengths]
@@ -171,10 +183,9 @@ class Bench:
                 rec.verified_drafts_per_request = sum(verified) / max(1, len(verified))
                 merged = type(stats[0])(block_size=stats[0].block_size, accepted_lengths=accepted, verified_lengths=verified)
                 rec.per_position_acceptance = merged.per_position_acceptance
-            records.append(rec)
-        plain = records[0].tokens_per_s
+        plain_rate = records[0].tokens_per_s
         for rec in records:
-            rec.speedup_vs_plain = rec.tokens_per_s / plain if rec.supported else float("nan")
+            rec.speedup_vs_plain = rec.tokens_per_s / plain_rate if rec.supported else float("nan")
         return records
 
     def _with_synthetic_drafts(self, run, encoded, reference):
@@ -189,24 +200,20 @@ class Bench:
 
         return wrapped
 
-    def _timed(self, run, encoded, repeats, rec: Record, desc: str):
-        run(encoded[0])  # warm-up, excluded
-        times, outputs, stats = [], [], []
-        for r in tqdm(range(repeats), desc=desc, leave=False):
-            outputs, stats, tokens = [], [], 0
-            t0 = time.perf_counter()
-            drafters = [d for d in (self.drafter, self.dflash_drafter) if d is not None]
-            for enc in encoded:
-                for d in drafters:
-                    d.last_stats = None
-                out = run(enc)
-                outputs.append(out)
-                tokens += _new_token_count(out, enc["input_ids"].shape[1], self.eos)
-                stats += [d.last_stats for d in drafters if d.last_stats is not None]
-            times.append(time.perf_counter() - t0)
+    def _timed_pass(self, run, encoded, rec: Record):
+        """One timed pass over all batches; appends its seconds to rec.repeats_s -> (outputs, drafter stats)."""
+        drafters = [d for d in (self.drafter, self.dflash_drafter) if d is not None]
+        outputs, stats, tokens = [], [], 0
+        t0 = time.perf_counter()
+        for enc in encoded:
+            for d in drafters:
+                d.last_stats = None
+            out = run(enc)
+            outputs.append(out)
+            tokens += _new_token_count(out, enc["input_ids"].shape[1], self.eos)
+            stats += [d.last_stats for d in drafters if d.last_stats is not None]
+        rec.repeats_s.append(time.perf_counter() - t0)
         rec.new_tokens = tokens
-        rec.repeats_s = times
-        rec.tokens_per_s = tokens / statistics.median(times)
         return outputs, stats
 
 
