@@ -90,7 +90,7 @@ class StepCosts:
         cells = {L: c for L, c in self._cells[seen].items() if L <= B}
         if not cells:
             return prior.clone()
-        seen_prior = self._table_seconds(seen, max(cells))
+        seen_prior = prior if seen == R else self._table_seconds(seen, B)
         ratios = [c[0] / float(seen_prior[L]) for L, c in cells.items() if math.isfinite(seen_prior[L])]
         verify = prior * (min(ratios) if ratios else 1.0)  # optimistic: an unmeasured cell gets tried, then known
         draft = _line(cells, B)
