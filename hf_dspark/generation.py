@@ -316,7 +316,7 @@ def generate(
         cap = (remaining - 1).clamp(min=0)  # never verify more than the row can still emit
         if num_speculative_tokens is not None:
             cap = cap.clamp(max=num_speculative_tokens)
-        depth = min(policy.draft_depth(n, cfg.block_size), int(cap.max()))
+        depth = min(policy.draft_depth(n, cfg.block_size, usable=cap), int(cap.max()))
         t0 = time.perf_counter()
         if depth > 0:
             draft = draft_block(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov, depth)

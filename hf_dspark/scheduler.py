@@ -231,12 +231,15 @@ def _stale_values(stale_survival: Tensor, num_requests: int | None) -> tuple[Ten
     return values, R
 
 
-def best_depth(stale_survival: Tensor, step_seconds: Tensor, num_requests: int | None = None) -> int:
+def best_depth(
+    stale_survival: Tensor, step_seconds: Tensor, num_requests: int | None = None, usable: Tensor | None = None
+) -> int:
     """The draft depth L that maximizes expected committed tokens per second, judged from stale survival.
 
     Every request verifies up to L drafts (a padded verify batch costs R x (L + 1) tokens whatever survives), so
-    a step at depth L commits R + S_L tokens in expectation, S_L = (R / R') * sum of the stale survivals at
-    positions < L, and takes step_seconds[L]. L = 0 is a plain target step without a drafter pass. Returns
+    a step at depth L commits R + S_L tokens in expectation, S_L = sum over positions k < L of the mean stale
+    survival at k times the number of requests that can still emit a draft at k (all R unless `usable` says
+    otherwise: a request one token short of max_new_tokens gains nothing from drafts), and takes step_seconds[L]. L = 0 is a plain target step without a drafter pass. Returns
     argmax_L (R + S_L) / step_seconds[L], the smallest L on ties. The choice depends only on earlier steps (and
     the timing model), never on the drafts it leads to, so truncating at L keeps the output exact.
 
@@ -244,12 +247,17 @@ def best_depth(stale_survival: Tensor, step_seconds: Tensor, num_requests: int |
         stale_survival: [R', B] prefix survival of an earlier drafted step.
         step_seconds: [B + 1] predicted seconds of a step at depth 0..B (inf = not allowed), e.g.
             `StepCosts.seconds(R, B)`.
-        num_requests: R, the current number of requests (default R').
+        num_requests: R, the current number of requests (default R', or len(usable)).
+        usable: [R] drafts each request can still commit (tokens left to generate - 1); None: no limit.
     Returns:
         L in 0..B.
     """
     s = _checked_survival(stale_survival)
     R_stale, B = s.shape
+    if usable is not None:
+        if num_requests is not None and usable.shape != (int(num_requests),):
+            raise ValueError(f"usable must have one entry per request ({num_requests}), got shape {tuple(usable.shape)}.")
+        num_requests = usable.shape[0]
     R = R_stale if num_requests is None else int(num_requests)
     if R < 0:
         raise ValueError(f"num_requests must be >= 0, got {R}.")
@@ -265,8 +273,12 @@ def best_depth(stale_survival: Tensor, step_seconds: Tensor, num_requests: int |
             f"stale_survival has no rows, so it says nothing about a batch of {R} requests; "
             "draft the full block until a step with requests has been seen."
         )
+    if usable is None:
+        rows_at = s.new_full((B,), float(R))  # [B] requests that can use a draft at position k
+    else:
+        rows_at = (usable.to(s.device)[:, None] > torch.arange(B, device=s.device)).sum(0).to(s.dtype)
     expected = s.new_zeros(B + 1)  # [B + 1] expected committed tokens at depth 0..B
-    torch.cumsum(s.sum(0) * (R / R_stale), 0, out=expected[1:])
+    torch.cumsum(s.mean(0) * rows_at, 0, out=expected[1:])
     expected.add_(R)
     return int(torch.argmax(expected / seconds))
 
@@ -311,11 +323,12 @@ class VerifyPolicy:
     def reset(self) -> None:
         """Forget per-generation state (history of earlier steps)."""
 
-    def draft_depth(self, num_requests: int, block_size: int) -> int:
+    def draft_depth(self, num_requests: int, block_size: int, usable: Tensor | None = None) -> int:
         """How many of the B block slots the drafter fills this step, 0..B; 0 skips the drafter (a plain step).
 
-        Called before drafting, so it may use only earlier steps (that keeps every policy exact). The loop may
-        lower the depth further (num_speculative_tokens, tokens left to generate).
+        Called before drafting, so it may use only earlier steps (that keeps every policy exact). `usable` [R]:
+        drafts each request can still commit (None: no limit). The loop may lower the depth further
+        (num_speculative_tokens, tokens left to generate).
         """
         return block_size
 
@@ -369,7 +382,7 @@ class FullBlock(VerifyPolicy):
             raise ValueError(f"max_len must be >= 0, got {max_len}.")
         self.max_len = max_len
 
-    def draft_depth(self, num_requests, block_size):
+    def draft_depth(self, num_requests, block_size, usable=None):
         return block_size if self.max_len is None else min(self.max_len, block_size)
 
     def _lengths(self, conf_logits, num_requests, block_size):
@@ -464,12 +477,12 @@ class AdaptiveVerification(VerifyPolicy):
             self._survival = None
             self._skipped, self._interval = 0, self.probe_every
 
-    def draft_depth(self, num_requests: int, block_size: int) -> int:
+    def draft_depth(self, num_requests: int, block_size: int, usable: Tensor | None = None) -> int:
         self._block_size = block_size
         if self._survival is None or self._survival.shape[1] != block_size:
             return block_size  # warm-up
         seconds = self.costs.seconds(num_requests, block_size)  # [B + 1]
-        depth = best_depth(self._survival, seconds, num_requests)
+        depth = best_depth(self._survival, seconds, num_requests, usable)
         if depth > 0:
             self._skipped, self._interval = 0, self.probe_every
             return depth
@@ -477,7 +490,7 @@ class AdaptiveVerification(VerifyPolicy):
         if self._skipped <= self._interval:
             return 0
         self._skipped, self._interval = 0, min(2 * self._interval, self.max_probe_every)
-        return best_depth(self._survival, torch.cat([seconds.new_full((1,), math.inf), seconds[1:]]), num_requests)
+        return best_depth(self._survival, torch.cat([seconds.new_full((1,), math.inf), seconds[1:]]), num_requests, usable)
 
     def observe_step(self, num_requests, depth, step_seconds, draft_seconds):
         self.costs.observe(num_requests, depth, step_seconds, draft_seconds)

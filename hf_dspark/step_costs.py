@@ -11,8 +11,10 @@ up to L of them; L = 0 is a plain target step that skips the drafter) takes
 - draft(R, L): the drafter pass, whose vocabulary-wide lm_head grows with L.
 
 The step table measures only the target forward, outside the loop; the rest of a step (the drafter, per-row
-Python work, cache compaction) is what made a table-only price too optimistic under load. So `StepCosts` keeps a
-running mean of the measured verify and draft seconds per (R, L) and predicts a cell it has not measured:
+Python work, cache compaction) is what made a table-only price too optimistic under load. So `StepCosts` keeps the
+median of the last few measured verify and draft seconds per (R, L) -- a median, because a CPU's step times have
+one-sided spikes (one 770 ms step among 600 ms ones moved an exponential running mean by 8%, enough to flip a
+near break-even choice) -- and predicts a cell it has not measured:
 - verify: the table's time T_R(R (L + 1)) scaled by the smallest measured/table ratio of the cells measured at R
   (optimistic, so an unmeasured depth that might be the best gets tried once and is known from then on);
 - draft: the least-squares line (intercept and slope >= 0) through the measured depths at R; with one depth
@@ -25,6 +27,8 @@ With no measurement at all, verify is the table's time and drafting is free: the
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 import torch
 from torch import Tensor
@@ -37,15 +41,17 @@ class StepCosts:
 
     Args:
         table: the device's step table (prior for the target forward; `for_num_requests(R)` picks the curve).
-        weight: weight of a new measurement in a cell's running mean (exponential forgetting).
+        window: how many recent measurements of a cell its median covers (older ones are forgotten, so the
+            costs follow a machine whose speed drifts).
     """
 
-    def __init__(self, table: StepTimeTable, weight: float = 0.3):
-        if not 0.0 < weight <= 1.0:
-            raise ValueError(f"weight must be in (0, 1], got {weight}.")
+    def __init__(self, table: StepTimeTable, window: int = 9):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}.")
         self.table = table
-        self.weight = weight
-        self._cells: dict[int, dict[int, tuple[float, float]]] = {}  # R -> L -> (verify s, draft s) running means
+        self.window = window
+        self._cells: dict[int, dict[int, tuple[float, float]]] = {}  # R -> L -> (verify s, draft s) medians
+        self._recent: dict[tuple[int, int], deque[tuple[float, float]]] = {}  # (R, L) -> last `window` measurements
         self._prior: dict[tuple[int, int], Tensor] = {}  # (R, B) -> table seconds per depth
 
     def observe(self, num_requests: int, depth: int, step_seconds: float, draft_seconds: float = 0.0) -> None:
@@ -55,11 +61,10 @@ class StepCosts:
         if not (math.isfinite(step_seconds) and math.isfinite(draft_seconds) and 0.0 <= draft_seconds):
             raise ValueError(f"Step timings must be finite and >= 0, got {step_seconds} and {draft_seconds}.")
         draft_seconds = draft_seconds if depth else 0.0  # a plain step has no drafter pass
-        new = (max(step_seconds - draft_seconds, 0.0), draft_seconds)
-        cells = self._cells.setdefault(num_requests, {})
-        old = cells.get(depth)
-        w = self.weight
-        cells[depth] = new if old is None else (old[0] + w * (new[0] - old[0]), old[1] + w * (new[1] - old[1]))
+        recent = self._recent.setdefault((num_requests, depth), deque(maxlen=self.window))
+        recent.append((max(step_seconds - draft_seconds, 0.0), draft_seconds))
+        verify, draft = zip(*recent)
+        self._cells.setdefault(num_requests, {})[depth] = (statistics.median(verify), statistics.median(draft))
 
     def measured(self, num_requests: int, depth: int) -> bool:
         """Whether a step at exactly (R, L) has been measured."""

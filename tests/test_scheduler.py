@@ -83,12 +83,15 @@ def budget_loop(stale, table, R):
     return best_k
 
 
-def best_depth_loop(stale, seconds, R):
-    """argmax over L of (R + (R / R') * sum of stale survival at positions < L) / seconds[L], smallest L on ties."""
+def best_depth_loop(stale, seconds, R, usable=None):
+    """argmax over L of (R + sum over k < L of mean stale survival at k x requests with more than k usable drafts)
+    / seconds[L], smallest L on ties."""
     R_stale, B = stale.shape
+    usable = [B] * R if usable is None else usable
     best_l, best = 0, None
     for L in range(B + 1):
-        tokens = R + R / R_stale * sum(stale[r][k].item() for r in range(R_stale) for k in range(L))
+        mean = [sum(stale[r][k].item() for r in range(R_stale)) / R_stale for k in range(B)]
+        tokens = R + sum(mean[k] for u in usable for k in range(min(L, u)))
         rate = tokens / seconds[L]
         if best is None or rate > best:
             best_l, best = L, rate
@@ -148,7 +151,22 @@ def test_best_depth_matches_brute_force():
         got = best_depth(stale, torch.tensor(seconds), R)
         assert got == best_depth_loop(stale, seconds, R)
         depths.add(got)
+        usable = [rng.randint(0, B) for _ in range(R)]
+        assert best_depth(stale, torch.tensor(seconds), R, torch.tensor(usable)) == best_depth_loop(stale, seconds, R, usable)
     assert depths >= {0, 1, 2, 3}
+
+
+def test_best_depth_values_only_the_drafts_a_request_can_still_emit():
+    good = torch.full((4, 7), 0.9).cumprod(1)
+    linear = torch.tensor([1.0] + [1.2 + 0.1 * L for L in range(1, 8)])
+    assert best_depth(good, linear, 4) == 7
+    assert best_depth(good, linear, 4, usable=torch.tensor([2, 2, 2, 2])) == 2  # deeper drafts cannot commit
+    assert best_depth(good, linear, 4, usable=torch.tensor([0, 0, 0, 0])) == 0  # every request ends this step
+    half, flat = torch.full((4, 7), 0.5).cumprod(1), torch.tensor([1.0] + [1.5] * 7)  # drafting: 1.5 plain steps
+    assert best_depth(half, flat, 4) == 7  # (4 + 4 x 0.99) / 1.5 > 4
+    assert best_depth(half, flat, usable=torch.tensor([7, 7, 0, 0])) == 0  # (4 + 2 x 0.99) / 1.5 < 4
+    with pytest.raises(ValueError, match="one entry per request"):
+        best_depth(good, linear, 3, usable=torch.tensor([1, 1]))
 
 
 def test_best_depth_prices_the_whole_step():
