@@ -429,7 +429,8 @@ class AdaptiveVerification(VerifyPolicy):
     nothing. The scheduler therefore chooses one depth per step (SPEC section 6 with the padded price; the
     paper's per-request rule, `budget` + `allocate`, is for packed verify batches):
 
-    - before the step, `best_depth(survival of the latest drafted step, costs.seconds(R, B), R)`; the costs are
+    - before the step, `best_depth(survival of the latest drafted step, costs.seconds(R, B), R, usable)`, valuing a
+      draft only for the requests that can still emit it (`usable`, from the loop); the costs are
       the loop's own measured step times (`StepCosts`, the step table as the prior), so drafting, verifying and
       bookkeeping are all priced. Depth 0 skips the drafter: a weak drafter or a loaded device costs a plain step.
       While skipping it drafts anyway (a probe at the best depth >= 1) after `probe_every` skipped steps,
