@@ -12,9 +12,9 @@ up to L of them; L = 0 is a plain target step that skips the drafter) takes
 
 The step table measures only the target forward, outside the loop; the rest of a step (the drafter, per-row
 Python work, cache compaction) is what made a table-only price too optimistic under load. So `StepCosts` keeps the
-median of the last few measured verify and draft seconds per (R, L) -- a median, because a CPU's step times have
-one-sided spikes (one 770 ms step among 600 ms ones moved an exponential running mean by 8%, enough to flip a
-near break-even choice) -- and predicts a cell it has not measured:
+mean of the last `window` measured verify and draft seconds per (R, L) -- a mean, not a median: throughput is
+tokens over total time, so every slow step counts, whatever made it slow -- and predicts a cell it has not
+measured:
 - verify: the table's time T_R(R (L + 1)) scaled by the smallest measured/table ratio of the cells measured at R
   (optimistic, so an unmeasured depth that might be the best gets tried once and is known from then on);
 - draft: the least-squares line (intercept and slope >= 0) through the measured depths at R; with one depth
@@ -41,8 +41,8 @@ class StepCosts:
 
     Args:
         table: the device's step table (prior for the target forward; `for_num_requests(R)` picks the curve).
-        window: how many recent measurements of a cell its median covers (older ones are forgotten, so the
-            costs follow a machine whose speed drifts).
+        window: how many recent measurements of a cell its mean covers (older ones are forgotten, so the costs
+            follow a machine whose speed drifts).
     """
 
     def __init__(self, table: StepTimeTable, window: int = 9):
@@ -50,7 +50,7 @@ class StepCosts:
             raise ValueError(f"window must be >= 1, got {window}.")
         self.table = table
         self.window = window
-        self._cells: dict[int, dict[int, tuple[float, float]]] = {}  # R -> L -> (verify s, draft s) medians
+        self._cells: dict[int, dict[int, tuple[float, float]]] = {}  # R -> L -> (verify s, draft s) means of the window
         self._recent: dict[tuple[int, int], deque[tuple[float, float]]] = {}  # (R, L) -> last `window` measurements
         self._prior: dict[tuple[int, int], Tensor] = {}  # (R, B) -> table seconds per depth
 
@@ -64,7 +64,7 @@ class StepCosts:
         recent = self._recent.setdefault((num_requests, depth), deque(maxlen=self.window))
         recent.append((max(step_seconds - draft_seconds, 0.0), draft_seconds))
         verify, draft = zip(*recent)
-        self._cells.setdefault(num_requests, {})[depth] = (statistics.median(verify), statistics.median(draft))
+        self._cells.setdefault(num_requests, {})[depth] = (statistics.fmean(verify), statistics.fmean(draft))
 
     def measured(self, num_requests: int, depth: int) -> bool:
         """Whether a step at exactly (R, L) has been measured."""
