@@ -147,7 +147,8 @@ class Bench:
 
     def run(self, prompt_set: str, prompts: list[str], batch_size: int, contenders: list[str], repeats: int) -> list[Record]:
         """Time every contender on the same batches; the timed passes are interleaved (pass 1 of every contender,
-        then pass 2, ...) so a machine that speeds up or slows down during the run does not favour anyone."""
+        then pass 2, ...) and the order rotates from pass to pass, so a machine that speeds up or slows down during
+        the run does not favour anyone."""
         total = -(-len(prompts) // batch_size) * batch_size  # whole batches, prompts cycled to fill the last
         cycled = [prompts[i % len(prompts)] for i in range(total)]
         batches = [cycled[i : i + batch_size] for i in range(0, total, batch_size)]
@@ -169,8 +170,9 @@ class Bench:
             runs[contender] = run
         timed = [r for r in records if r.supported]
         results = {}
-        for _ in tqdm(range(repeats), desc=f"{prompt_set} bs={batch_size}", leave=False):
-            for rec in timed:
+        for i in tqdm(range(repeats), desc=f"{prompt_set} bs={batch_size}", leave=False):
+            k = i % max(1, len(timed))
+            for rec in timed[k:] + timed[:k]:
                 results[rec.contender] = self._timed_pass(runs[rec.contender], encoded, rec)
         for rec in timed:
             outputs, stats = results[rec.contender]
