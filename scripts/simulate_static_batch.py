@@ -12,6 +12,10 @@ rate rule (what `best_depth` maximizes) loses to ragged finishes when the costs 
 import argparse
 import random
 
+import torch
+
+from hf_dspark.scheduler import best_depth
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -25,14 +29,15 @@ def main() -> None:
     p.add_argument("--draft0", type=float, default=0.05)
     p.add_argument("--draft-per-depth", type=float, default=0.075)
     a = p.parse_args()
-    B, survival = a.block_size, [a.alpha ** (k + 1) for k in range(a.block_size)]
+    B = a.block_size
+    survival = (a.alpha ** torch.arange(1, B + 1, dtype=torch.float64))[None]  # [1, B], exactly calibrated
 
     def cost(R: int, L: int) -> float:
         return a.verify0 + a.per_token * R * (L + 1) + (a.draft0 + a.draft_per_depth * L if L else 0.0)
 
-    def rate_rule(left: list[int]) -> int:  # best_depth with usable = tokens left - 1
-        value = lambda L: sum(1 + sum(survival[: min(L, u - 1)]) for u in left) / cost(len(left), L)  # noqa: E731
-        return max(range(B + 1), key=value)
+    def rate_rule(left: list[int]) -> int:  # the scheduler's rule, with the costs known exactly
+        seconds = torch.tensor([cost(len(left), L) for L in range(B + 1)], dtype=torch.float64)
+        return best_depth(survival, seconds, usable=torch.tensor(left) - 1)
 
     def run(R: int, rule, rng: random.Random) -> float:
         left, seconds = [a.max_new_tokens] * R, 0.0

@@ -88,9 +88,9 @@ def best_depth_loop(stale, seconds, R, usable=None):
     / seconds[L], smallest L on ties."""
     R_stale, B = stale.shape
     usable = [B] * R if usable is None else usable
+    mean = [sum(stale[r][k].item() for r in range(R_stale)) / R_stale for k in range(B)]
     best_l, best = 0, None
     for L in range(B + 1):
-        mean = [sum(stale[r][k].item() for r in range(R_stale)) / R_stale for k in range(B)]
         tokens = R + sum(mean[k] for u in usable for k in range(min(L, u)))
         rate = tokens / seconds[L]
         if best is None or rate > best:
