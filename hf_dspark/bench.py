@@ -3,9 +3,17 @@
 
     hf-dspark bench --prompts gsm8k --n 8 --batch-sizes 1,4,16 --json bench.json --plots plots/
 
-Every contender runs the same batches; tokens/s is the median over `--repeats` timed passes (interleaved across
-contenders, so drift of the machine's speed does not favour anyone) after a warm-up batch; speedups are against
-`plain` measured in the same run; `identical_to_plain` compares greedy outputs with an untimed plain pass.
+Every contender runs the same batches, after a warm-up batch. The timed calls are interleaved as finely as
+possible: in every pass, each batch is run by every contender back to back (the order rotates from call to call),
+so a machine whose speed drifts -- shared CPUs easily swing +-25% within minutes -- slows the contenders of one
+batch alike. Reported per contender:
+
+- tokens/s: new tokens over the median pass time;
+- speedup vs plain: the median over all (pass, batch) pairs of plain's seconds / the contender's seconds on the
+  same batch, with the smallest and largest pair ratio (the spread says what "within noise" means for this run);
+- decode: the same with each call's time to first token (the prefill, identical work for every contender)
+  taken out, and the first token of each row not counted; TTFT is the median time to first token per call;
+- `identical_to_plain` compares greedy outputs with an untimed plain pass.
 """
 
 from __future__ import annotations
@@ -38,13 +46,19 @@ class Record:
     supported: bool = True
     reason: str = ""
     tokens_per_s: float = float("nan")
-    speedup_vs_plain: float = float("nan")
+    speedup_vs_plain: float = float("nan")  # median of paired per-call ratios (plain seconds / contender seconds)
+    speedup_range: list[float] = field(default_factory=list)  # [smallest, largest] paired ratio
+    decode_tokens_per_s: float = float("nan")
+    decode_speedup_vs_plain: float = float("nan")  # as speedup_vs_plain, time to first token taken out
+    ttft_s: float = float("nan")  # median time to first token (prefill) of one batch call
     mean_accepted_length: float = float("nan")
     per_position_acceptance: list[float] = field(default_factory=list)
     verified_drafts_per_request: float = float("nan")
     identical_to_plain: bool | None = None
     new_tokens: int = 0
-    repeats_s: list[float] = field(default_factory=list)
+    repeats_s: list[float] = field(default_factory=list)  # seconds of each timed pass
+    calls_s: list[list[float]] = field(default_factory=list)  # [pass][batch] seconds of each call
+    calls_ttft_s: list[list[float]] = field(default_factory=list)  # [pass][batch] time to first token
     synthetic_acceptance: float | None = None  # set when the drafts were synthetic (see --synthetic-acceptance)
 
 
@@ -81,16 +95,17 @@ def parse_contenders(text: str) -> list[str]:
     return ["plain"] + [x for x in names if x != "plain"]  # plain always runs: it is the reference
 
 
-def _new_token_count(sequences: torch.Tensor, prompt_len: int, eos: set[int]) -> int:
-    total = 0
+def _new_token_counts(sequences: torch.Tensor, prompt_len: int, eos: set[int]) -> list[int]:
+    """New tokens per row, up to and including the first EOS (padding after it does not count)."""
+    counts = []
     for row in sequences[:, prompt_len:].tolist():
         n = len(row)
         for i, tok in enumerate(row):
             if tok in eos:
                 n = i + 1
                 break
-        total += n
-    return total
+        counts.append(n)
+    return counts
 
 
 class Bench:
@@ -146,9 +161,8 @@ class Bench:
         return self._table
 
     def run(self, prompt_set: str, prompts: list[str], batch_size: int, contenders: list[str], repeats: int) -> list[Record]:
-        """Time every contender on the same batches; the timed passes are interleaved (pass 1 of every contender,
-        then pass 2, ...) and the order rotates from pass to pass, so a machine that speeds up or slows down during
-        the run does not favour anyone."""
+        """Time every contender on the same batches: in each pass every batch is run by all contenders back to back,
+        in an order that rotates from call to call (see the module docstring)."""
         total = -(-len(prompts) // batch_size) * batch_size  # whole batches, prompts cycled to fill the last
         cycled = [prompts[i % len(prompts)] for i in range(total)]
         batches = [cycled[i : i + batch_size] for i in range(0, total, batch_size)]
@@ -169,25 +183,37 @@ class Bench:
             run(encoded[0])  # warm-up, excluded
             runs[contender] = run
         timed = [r for r in records if r.supported]
-        results = {}
-        for i in tqdm(range(repeats), desc=f"{prompt_set} bs={batch_size}", leave=False):
-            k = i % max(1, len(timed))
-            for rec in timed[k:] + timed[:k]:
-                results[rec.contender] = self._timed_pass(runs[rec.contender], encoded, rec)
+        outputs = {r.contender: [None] * len(encoded) for r in timed}  # of the last pass
+        stats = {r.contender: [[] for _ in encoded] for r in timed}  # drafter stats of the last pass
+        for p in tqdm(range(repeats), desc=f"{prompt_set} bs={batch_size}", leave=False):
+            for rec in timed:
+                rec.calls_s.append([])
+                rec.calls_ttft_s.append([])
+            for b, enc in enumerate(encoded):
+                k = (p * len(encoded) + b) % len(timed)
+                for rec in timed[k:] + timed[:k]:
+                    outputs[rec.contender][b], stats[rec.contender][b] = self._timed_call(runs[rec.contender], enc, rec)
         for rec in timed:
-            outputs, stats = results[rec.contender]
+            new = [n for out, enc in zip(outputs[rec.contender], encoded) for n in _new_token_counts(out, enc["input_ids"].shape[1], self.eos)]
+            rec.new_tokens = sum(new)
+            rec.repeats_s = [sum(calls) for calls in rec.calls_s]
             rec.tokens_per_s = rec.new_tokens / statistics.median(rec.repeats_s)
-            rec.identical_to_plain = all(torch.equal(a, b) for a, b in zip(outputs, reference))
-            if stats:
-                accepted = [a for s in stats for a in s.accepted_lengths]
-                verified = [v for s in stats for v in s.verified_lengths]
+            decode_tokens = sum(max(n - 1, 0) for n in new)  # each row's first token comes with the prefill
+            rec.decode_tokens_per_s = decode_tokens / statistics.median(sum(d) for d in _decode_s(rec))
+            rec.ttft_s = statistics.median(t for ttfts in rec.calls_ttft_s for t in ttfts)
+            rec.identical_to_plain = all(torch.equal(a, b) for a, b in zip(outputs[rec.contender], reference))
+            if done := [s for per_batch in stats[rec.contender] for s in per_batch]:
+                accepted = [a for s in done for a in s.accepted_lengths]
+                verified = [v for s in done for v in s.verified_lengths]
                 rec.mean_accepted_length = sum(accepted) / max(1, len(accepted))
                 rec.verified_drafts_per_request = sum(verified) / max(1, len(verified))
-                merged = type(stats[0])(block_size=stats[0].block_size, accepted_lengths=accepted, verified_lengths=verified)
+                merged = type(done[0])(block_size=done[0].block_size, accepted_lengths=accepted, verified_lengths=verified)
                 rec.per_position_acceptance = merged.per_position_acceptance
-        plain_rate = records[0].tokens_per_s
-        for rec in records:
-            rec.speedup_vs_plain = rec.tokens_per_s / plain_rate if rec.supported else float("nan")
+        plain_rec = records[0]
+        for rec in timed:
+            rec.speedup_vs_plain, lo, hi = paired_speedup(plain_rec.calls_s, rec.calls_s)
+            rec.speedup_range = [lo, hi]
+            rec.decode_speedup_vs_plain = paired_speedup(_decode_s(plain_rec), _decode_s(rec))[0]
         return records
 
     def _with_synthetic_drafts(self, run, encoded, reference):
@@ -202,37 +228,62 @@ class Bench:
 
         return wrapped
 
-    def _timed_pass(self, run, encoded, rec: Record):
-        """One timed pass over all batches; appends its seconds to rec.repeats_s -> (outputs, drafter stats)."""
+    def _timed_call(self, run, enc, rec: Record):
+        """Run one batch, appending its seconds and time to first token to rec's current pass -> (output, stats).
+
+        The time to first token ends when the target's first forward (the prefill) returns, for every contender.
+        """
         drafters = [d for d in (self.drafter, self.dflash_drafter) if d is not None]
-        outputs, stats, tokens = [], [], 0
-        t0 = time.perf_counter()
-        for enc in encoded:
-            for d in drafters:
-                d.last_stats = None
+        for d in drafters:
+            d.last_stats = None
+        first_forward_end: list[float] = []
+
+        def on_forward(*_):
+            if not first_forward_end:
+                first_forward_end.append(time.perf_counter())
+
+        hook = self.model.register_forward_hook(on_forward)
+        try:
+            t0 = time.perf_counter()
             out = run(enc)
-            outputs.append(out)
-            tokens += _new_token_count(out, enc["input_ids"].shape[1], self.eos)
-            stats += [d.last_stats for d in drafters if d.last_stats is not None]
-        rec.repeats_s.append(time.perf_counter() - t0)
-        rec.new_tokens = tokens
-        return outputs, stats
+            seconds = time.perf_counter() - t0
+        finally:
+            hook.remove()
+        rec.calls_s[-1].append(seconds)
+        rec.calls_ttft_s[-1].append(first_forward_end[0] - t0 if first_forward_end else 0.0)
+        return out, [d.last_stats for d in drafters if d.last_stats is not None]
+
+
+def paired_speedup(reference_s: list[list[float]], contender_s: list[list[float]]) -> tuple[float, float, float]:
+    """(median, smallest, largest) of reference / contender seconds over calls paired by [pass][batch]."""
+    ratios = [r / c for rp, cp in zip(reference_s, contender_s) for r, c in zip(rp, cp) if c > 0]
+    if not ratios:
+        return float("nan"), float("nan"), float("nan")
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def _decode_s(rec: Record) -> list[list[float]]:
+    """[pass][batch] seconds after the first token."""
+    return [[c - t for c, t in zip(calls, ttfts)] for calls, ttfts in zip(rec.calls_s, rec.calls_ttft_s)]
 
 
 def markdown_table(records: list[Record]) -> str:
+    """One row per record: throughput, paired speedup with its [min-max] spread, decode-only speedup, TTFT, tau."""
     lines = [
-        "| set | batch | contender | tok/s | speedup vs plain | tau | verified/req | identical |",
-        "|---|---:|---|---:|---:|---:|---:|:---:|",
+        "| set | batch | contender | tok/s | speedup vs plain [min-max] | decode speedup | TTFT s | tau | verified/req | identical |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|:---:|",
     ]
+    fmt = lambda x, f: "-" if x != x else format(x, f)  # noqa: E731  (NaN -> "-")
     for r in records:
         if not r.supported:
-            lines.append(f"| {r.prompt_set} | {r.batch_size} | {r.contender} | unsupported | - | - | - | - |")
+            lines.append(f"| {r.prompt_set} | {r.batch_size} | {r.contender} | unsupported | - | - | - | - | - | - |")
             continue
-        tau = "-" if r.mean_accepted_length != r.mean_accepted_length else f"{r.mean_accepted_length:.2f}"
-        ver = "-" if r.verified_drafts_per_request != r.verified_drafts_per_request else f"{r.verified_drafts_per_request:.2f}"
+        spread = f" [{r.speedup_range[0]:.2f}-{r.speedup_range[1]:.2f}]" if len(r.speedup_range) == 2 else ""
+        decode = fmt(r.decode_speedup_vs_plain, ".2f") + ("x" if r.decode_speedup_vs_plain == r.decode_speedup_vs_plain else "")
         lines.append(
-            f"| {r.prompt_set} | {r.batch_size} | {r.contender} | {r.tokens_per_s:.1f} | {r.speedup_vs_plain:.2f}x | {tau} | {ver} | "
-            f"{'yes' if r.identical_to_plain else 'NO'} |"
+            f"| {r.prompt_set} | {r.batch_size} | {r.contender} | {r.tokens_per_s:.1f} | {r.speedup_vs_plain:.2f}x{spread} | "
+            f"{decode} | {fmt(r.ttft_s, '.2f')} | {fmt(r.mean_accepted_length, '.2f')} | "
+            f"{fmt(r.verified_drafts_per_request, '.2f')} | {'yes' if r.identical_to_plain else 'NO'} |"
         )
     return "\n".join(lines)
 
@@ -291,7 +342,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated subset of {', '.join(CONTENDERS)}")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="auto = bf16 on CUDA or CPUs with avx512_bf16/AMX, else fp32 (emulated bf16 GEMMs make verification slow)")
-    p.add_argument("--repeats", type=int, default=3, help="timed passes per contender (median); one extra warm-up pass")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes over all batches; in each, every contender runs every batch (one untimed warm-up batch first)")
     p.add_argument("--json", default=None, help="write the records (a JSON list) here")
     p.add_argument("--plots", default=None, help="write PNG plots into this folder")
     p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",

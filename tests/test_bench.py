@@ -57,14 +57,54 @@ def test_cli_help_lists_every_command():
 def test_table_and_plots(tmp_path):
     recs = [
         bench.Record("plain", "gsm8k", 1, tokens_per_s=40.0, speedup_vs_plain=1.0, identical_to_plain=True),
-        bench.Record("dspark", "gsm8k", 1, tokens_per_s=80.0, speedup_vs_plain=2.0, mean_accepted_length=3.1,
+        bench.Record("dspark", "gsm8k", 1, tokens_per_s=80.0, speedup_vs_plain=2.0, speedup_range=[1.5, 2.5],
+                     decode_speedup_vs_plain=2.5, ttft_s=0.25, mean_accepted_length=3.1,
                      per_position_acceptance=[0.8, 0.6], verified_drafts_per_request=7.0, identical_to_plain=True),
         bench.Record("dflash", "gsm8k", 1, tokens_per_s=60.0, speedup_vs_plain=1.5, mean_accepted_length=2.5,
                      per_position_acceptance=[0.7, 0.5], verified_drafts_per_request=7.0, identical_to_plain=True),
         bench.Record("prompt_lookup", "gsm8k", 4, supported=False, reason=bench.BATCH_1_ONLY["prompt_lookup"]),
     ]
     table = bench.markdown_table(recs)
-    assert "| gsm8k | 1 | dspark | 80.0 | 2.00x | 3.10 | 7.00 | yes |" in table
+    assert "| gsm8k | 1 | dspark | 80.0 | 2.00x [1.50-2.50] | 2.50x | 0.25 | 3.10 | 7.00 | yes |" in table
+    assert "| gsm8k | 1 | plain | 40.0 | 1.00x | - | - | - | - | yes |" in table  # a record from an older JSON
     assert "| gsm8k | 4 | prompt_lookup | unsupported |" in table
     written = bench.plot(recs, tmp_path)
     assert len(written) == 3 and all(p.stat().st_size > 1000 for p in written)
+
+
+def test_paired_speedup():
+    plain = [[2.0, 4.0], [3.0, 4.0]]  # [pass][batch] seconds
+    other = [[1.0, 4.0], [2.0, 8.0]]
+    assert bench.paired_speedup(plain, other) == (1.25, 0.5, 2.0)  # ratios 2, 1, 1.5, 0.5
+    nan = bench.paired_speedup([], [])
+    assert all(x != x for x in nan)
+
+
+def test_run_interleaves_calls_and_splits_prefill(smollm2, monkeypatch):
+    """Bench.run on real SmolLM2: every batch runs every contender back to back in a rotating order; the time to
+    first token is the prefill; outputs match plain."""
+    from hf_dspark.modeling import DSparkDrafter
+
+    model, tok = smollm2
+    drafter = DSparkDrafter.from_pretrained(str(bench.default_drafter()), target=model)
+    order = []
+    runner = bench.Bench.runner
+
+    def spy(self, contender):
+        run = runner(self, contender)
+        return lambda enc: (order.append(contender), run(enc))[1]
+
+    monkeypatch.setattr(bench.Bench, "runner", spy)
+    b = bench.Bench(model, tok, drafter, max_new_tokens=4)
+    plain, dspark = b.run("gsm8k", bench.load_prompts("gsm8k", 2), 1, ["plain", "dspark"], repeats=2)
+    # 2 untimed reference calls, 2 warm-ups, then per pass and batch both contenders, the first one rotating
+    assert order[-8:] == ["plain", "dspark", "dspark", "plain", "plain", "dspark", "dspark", "plain"]
+    for rec in (plain, dspark):
+        assert len(rec.calls_s) == 2 and all(len(p) == 2 for p in rec.calls_s)
+        assert all(0 < t < c for tp, cp in zip(rec.calls_ttft_s, rec.calls_s) for t, c in zip(tp, cp))
+        assert rec.identical_to_plain and rec.new_tokens == 8
+        assert rec.repeats_s == [sum(p) for p in rec.calls_s]
+    assert plain.speedup_vs_plain == 1.0 and plain.speedup_range == [1.0, 1.0]
+    lo, hi = dspark.speedup_range
+    assert lo <= dspark.speedup_vs_plain <= hi and dspark.decode_speedup_vs_plain > 0
+    assert dspark.verified_drafts_per_request > 0 and plain.verified_drafts_per_request != plain.verified_drafts_per_request
