@@ -13,6 +13,7 @@ batch alike. Reported per contender:
   same batch, with the smallest and largest pair ratio (the spread says what "within noise" means for this run);
 - decode: the same with each call's time to first token (the prefill, identical work for every contender)
   taken out, and the first token of each row not counted; TTFT is the median time to first token per call;
+- scheduler ms/step: time in the verify policy (the scheduler's decisions and bookkeeping) per decoding step;
 - `identical_to_plain` compares greedy outputs with an untimed plain pass.
 """
 
@@ -54,6 +55,7 @@ class Record:
     mean_accepted_length: float = float("nan")
     per_position_acceptance: list[float] = field(default_factory=list)
     verified_drafts_per_request: float = float("nan")
+    scheduler_ms_per_step: float = float("nan")  # time in the verify policy per decoding step (our loop only)
     identical_to_plain: bool | None = None
     new_tokens: int = 0
     repeats_s: list[float] = field(default_factory=list)  # seconds of each timed pass
@@ -209,6 +211,7 @@ class Bench:
                 rec.verified_drafts_per_request = sum(verified) / max(1, len(verified))
                 merged = type(done[0])(block_size=done[0].block_size, accepted_lengths=accepted, verified_lengths=verified)
                 rec.per_position_acceptance = merged.per_position_acceptance
+                rec.scheduler_ms_per_step = 1000 * sum(s.policy_time_s for s in done) / max(1, sum(s.steps for s in done))
         plain_rec = records[0]
         for rec in timed:
             rec.speedup_vs_plain, lo, hi = paired_speedup(plain_rec.calls_s, rec.calls_s)
@@ -268,22 +271,25 @@ def _decode_s(rec: Record) -> list[list[float]]:
 
 
 def markdown_table(records: list[Record]) -> str:
-    """One row per record: throughput, paired speedup with its [min-max] spread, decode-only speedup, TTFT, tau."""
+    """One row per record: throughput, paired speedup with its [min-max] spread, decode-only speedup, TTFT, tau,
+    drafts verified per request per step, the scheduler's time per step."""
     lines = [
-        "| set | batch | contender | tok/s | speedup vs plain [min-max] | decode speedup | TTFT s | tau | verified/req | identical |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|:---:|",
+        "| set | batch | contender | tok/s | speedup vs plain [min-max] | decode speedup | TTFT s | tau | verified/req "
+        "| scheduler ms/step | identical |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     fmt = lambda x, f: "-" if x != x else format(x, f)  # noqa: E731  (NaN -> "-")
     for r in records:
         if not r.supported:
-            lines.append(f"| {r.prompt_set} | {r.batch_size} | {r.contender} | unsupported | - | - | - | - | - | - |")
+            lines.append(f"| {r.prompt_set} | {r.batch_size} | {r.contender} | unsupported | - | - | - | - | - | - | - |")
             continue
         spread = f" [{r.speedup_range[0]:.2f}-{r.speedup_range[1]:.2f}]" if len(r.speedup_range) == 2 else ""
         decode = fmt(r.decode_speedup_vs_plain, ".2f") + ("x" if r.decode_speedup_vs_plain == r.decode_speedup_vs_plain else "")
         lines.append(
             f"| {r.prompt_set} | {r.batch_size} | {r.contender} | {r.tokens_per_s:.1f} | {r.speedup_vs_plain:.2f}x{spread} | "
             f"{decode} | {fmt(r.ttft_s, '.2f')} | {fmt(r.mean_accepted_length, '.2f')} | "
-            f"{fmt(r.verified_drafts_per_request, '.2f')} | {'yes' if r.identical_to_plain else 'NO'} |"
+            f"{fmt(r.verified_drafts_per_request, '.2f')} | {fmt(r.scheduler_ms_per_step, '.3f')} | "
+            f"{'yes' if r.identical_to_plain else 'NO'} |"
         )
     return "\n".join(lines)
 

@@ -60,6 +60,7 @@ class DSparkStats:
     rows_per_step: list[int] = field(default_factory=list)
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0  # prefill included
+    policy_time_s: float = 0.0  # in the verify policy (draft_depth, lengths, observe_step): the scheduler's overhead
     step_seconds: list[float] = field(default_factory=list)  # wall time of each decoding step (prefill excluded)
     conf_logits: list[torch.Tensor] = field(default_factory=list)  # per drafted step [R, B] (NaN past the depth)
     num_accepted: list[torch.Tensor] = field(default_factory=list)  # per step [R] accepted drafts
@@ -102,6 +103,7 @@ class DSparkStats:
             "mean_verified_per_request": self.mean_verified_per_request,
             "draft_time_s": self.draft_time_s,
             "verify_time_s": self.verify_time_s,
+            "policy_time_s": self.policy_time_s,
         }
 
 
@@ -316,7 +318,9 @@ def generate(
         cap = (remaining - 1).clamp(min=0)  # never verify more than the row can still emit
         if num_speculative_tokens is not None:
             cap = cap.clamp(max=num_speculative_tokens)
+        t0 = time.perf_counter()
         depth = min(policy.draft_depth(n, cfg.block_size, usable=cap), int(cap.max()))
+        stats.policy_time_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         if depth > 0:
             draft = draft_block(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov, depth)
@@ -332,6 +336,7 @@ def generate(
         t0 = time.perf_counter()
         if depth > 0:
             lengths = policy.lengths(draft.conf_logits, depth, num_requests=n).to(device)
+            stats.policy_time_s += time.perf_counter() - t0
         else:
             lengths = torch.zeros(n, dtype=torch.long, device=device)
         lengths = torch.minimum(lengths, cap)
@@ -383,7 +388,9 @@ def generate(
         cache, ctx_kv, ctx_valid = _trim(cache, ctx_kv, ctx_valid)
         step_seconds = time.perf_counter() - step_start
         stats.step_seconds.append(step_seconds)
+        t0 = time.perf_counter()
         policy.observe_step(n, depth, step_seconds, draft_seconds)
+        stats.policy_time_s += time.perf_counter() - t0
 
     return _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer)
 
