@@ -389,7 +389,7 @@ def generate(
         step_seconds = time.perf_counter() - step_start
         stats.step_seconds.append(step_seconds)
         t0 = time.perf_counter()
-        policy.observe_step(n, depth, step_seconds, draft_seconds)
+        policy.observe_step(n, depth, step_seconds, draft_seconds, num_acc if depth > 0 else None)
         stats.policy_time_s += time.perf_counter() - t0
 
     return _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer)

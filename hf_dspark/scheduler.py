@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 import torch
@@ -264,7 +265,7 @@ def best_depth(
     if step_seconds.shape != (B + 1,):
         raise ValueError(f"step_seconds must have B + 1 = {B + 1} entries (depth 0..B), got shape {tuple(step_seconds.shape)}.")
     seconds = step_seconds.to(torch.float64)
-    if bool(torch.isnan(seconds).any()) or bool((seconds <= 0).any()):
+    if not bool((seconds > 0).all()):  # NaN fails the comparison too
         raise ValueError(f"step_seconds must be positive (inf allowed), got {seconds.tolist()}.")
     if R == 0:
         return 0
@@ -332,8 +333,11 @@ class VerifyPolicy:
         """
         return block_size
 
-    def observe_step(self, num_requests: int, depth: int, step_seconds: float, draft_seconds: float) -> None:
-        """Wall time of the step just finished and of its drafter pass (0 when skipped), at depth `depth`."""
+    def observe_step(
+        self, num_requests: int, depth: int, step_seconds: float, draft_seconds: float, accepted: Tensor | None = None
+    ) -> None:
+        """The step just finished: its wall time and its drafter pass's (0 when skipped), at depth `depth`, and
+        `accepted` [R], the drafts each request accepted (None on a plain step)."""
 
     def lengths(self, conf_logits: Tensor | None, block_size: int, num_requests: int | None = None) -> Tensor:
         """Drafts to verify per request.
@@ -437,6 +441,10 @@ class AdaptiveVerification(VerifyPolicy):
       doubling the interval after each probe that confirms the skip, up to `max_probe_every`;
     - every request verifies the L drafts; their calibrated confidences become the survival for the next
       decision (positions beyond L repeat the last drafted position's conditional confidence);
+    - the survival is kept honest by what verification found: it is scaled by rho = (accepted + 1) / (predicted
+      + 1) over the last `acceptance_window` drafted steps (predicted = the sum of the verified slots' survival),
+      capped at 1. A head that is overconfident on this traffic (its calibration was fitted elsewhere) would
+      otherwise keep the scheduler drafting for nothing; a calibrated head gets rho ~ 1;
     - the first drafted step, with no survival yet, drafts the full block.
     Every choice uses earlier steps only: exact.
 
@@ -450,6 +458,7 @@ class AdaptiveVerification(VerifyPolicy):
         probe_every, max_probe_every: skipped steps before the first probe, and the cap of its doubling.
         carry_over: keep survival and probe state across generate calls.
         costs: the step-cost model (default `StepCosts(table)`, learning from the loop's timings).
+        acceptance_window: drafted steps whose accepted / predicted drafts correct the survival (0: no correction).
     """
 
     needs_confidence = True
@@ -462,28 +471,41 @@ class AdaptiveVerification(VerifyPolicy):
         max_probe_every: int = 64,
         carry_over: bool = False,
         costs: StepCosts | None = None,
+        acceptance_window: int = 32,
     ):
         if not 1 <= probe_every <= max_probe_every:
             raise ValueError(f"Need 1 <= probe_every <= max_probe_every, got {probe_every} and {max_probe_every}.")
+        if acceptance_window < 0:
+            raise ValueError(f"acceptance_window must be >= 0, got {acceptance_window}.")
         self.costs = StepCosts(table) if costs is None else costs
         self.temperatures = _checked_temperatures(temperatures)
         self.probe_every, self.max_probe_every = probe_every, max_probe_every
         self.carry_over = carry_over
         self._survival: Tensor | None = None  # [R', B] survival of the latest drafted step
         self._block_size: int | None = None
+        self._usable: Tensor | None = None  # [R] drafts each request of the current step can still commit
         self._skipped, self._interval = 0, probe_every
+        self._predicted = 0.0  # expected accepted drafts of the step being verified (sum of its verified survival)
+        self._outcomes: deque[tuple[float, int]] = deque(maxlen=acceptance_window)  # (predicted, accepted) per drafted step
 
     def reset(self) -> None:
         if not self.carry_over:
             self._survival = None
             self._skipped, self._interval = 0, self.probe_every
+            self._outcomes.clear()
+
+    @property
+    def acceptance_ratio(self) -> float:
+        """rho = (accepted + 1) / (predicted + 1) drafts over the recent drafted steps (1 before any)."""
+        return (sum(a for _, a in self._outcomes) + 1.0) / (sum(p for p, _ in self._outcomes) + 1.0)
 
     def draft_depth(self, num_requests: int, block_size: int, usable: Tensor | None = None) -> int:
-        self._block_size = block_size
+        self._block_size, self._usable = block_size, usable
         if self._survival is None or self._survival.shape[1] != block_size:
             return block_size  # warm-up
         seconds = self.costs.seconds(num_requests, block_size)  # [B + 1]
-        depth = best_depth(self._survival, seconds, num_requests, usable)
+        survival = (self._survival * self.acceptance_ratio).clamp_(max=1.0) if self._outcomes else self._survival
+        depth = best_depth(survival, seconds, num_requests, usable)
         if depth > 0:
             self._skipped, self._interval = 0, self.probe_every
             return depth
@@ -491,20 +513,29 @@ class AdaptiveVerification(VerifyPolicy):
         if self._skipped <= self._interval:
             return 0
         self._skipped, self._interval = 0, min(2 * self._interval, self.max_probe_every)
-        return best_depth(self._survival, torch.cat([seconds.new_full((1,), math.inf), seconds[1:]]), num_requests, usable)
+        return best_depth(survival, torch.cat([seconds.new_full((1,), math.inf), seconds[1:]]), num_requests, usable)
 
-    def observe_step(self, num_requests, depth, step_seconds, draft_seconds):
+    def observe_step(self, num_requests, depth, step_seconds, draft_seconds, accepted=None):
         self.costs.observe(num_requests, depth, step_seconds, draft_seconds)
+        if depth > 0 and accepted is not None:
+            self._outcomes.append((self._predicted, int(accepted.sum())))
 
     def _lengths(self, conf_logits, num_requests, block_size):
         c = _calibrated_confidence(conf_logits, self.temperatures)  # [R, L]
         B = max(self._block_size or block_size, block_size)
         c = torch.cat([c, c[:, -1:].expand(-1, B - block_size)], dim=1)  # [R, B]: extend past the drafted depth
         self._survival = torch.cumprod(c, dim=1)
+        verified = self._survival[:, :block_size]  # [R, L]; the loop cuts a request at what it can still emit
+        if self._usable is not None and self._usable.shape[0] == num_requests:
+            verified = verified * (torch.arange(block_size) < self._usable.cpu()[:, None])
+        self._predicted = float(verified.sum())
         return torch.full((num_requests,), block_size, dtype=torch.int64)
 
     def __repr__(self):
-        return f"{type(self).__name__}(calibrated={self.temperatures is not None}, carry_over={self.carry_over})"
+        return (
+            f"{type(self).__name__}(calibrated={self.temperatures is not None}, carry_over={self.carry_over}, "
+            f"acceptance_ratio={self.acceptance_ratio:.2f})"
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -529,7 +560,7 @@ def scheduler_overhead_ms(R: int = 64, B: int = 7, steps: int = 200) -> float:
         depth = policy.draft_depth(R, B)
         if depth:
             policy.lengths(z[:, :depth], depth)
-        policy.observe_step(R, depth, 0.05 + 0.01 * depth, 0.005 * depth)
+        policy.observe_step(R, depth, 0.05 + 0.01 * depth, 0.005 * depth, torch.zeros(R, dtype=torch.int64) if depth else None)
         if i:  # the first call is the warm-up (no survival yet)
             times.append(time.perf_counter() - t0)
     times.sort()

@@ -52,7 +52,7 @@ class StepCosts:
         self.window = window
         self._cells: dict[int, dict[int, tuple[float, float]]] = {}  # R -> L -> (verify s, draft s) means of the window
         self._recent: dict[tuple[int, int], deque[tuple[float, float]]] = {}  # (R, L) -> last `window` measurements
-        self._prior: dict[tuple[int, int], Tensor] = {}  # (R, B) -> table seconds per depth
+        self._prior: dict[tuple[int, int], list[float]] = {}  # (R, B) -> table seconds per depth
 
     def observe(self, num_requests: int, depth: int, step_seconds: float, draft_seconds: float = 0.0) -> None:
         """Record one measured step: its wall time and the part spent in the drafter pass (0 for a plain step)."""
@@ -70,56 +70,55 @@ class StepCosts:
         """Whether a step at exactly (R, L) has been measured."""
         return depth in self._cells.get(num_requests, {})
 
-    def _table_seconds(self, num_requests: int, block_size: int) -> Tensor:
-        """T_R(R (L + 1)) for L = 0..B: [B + 1] float64; inf where the batch exceeds the table's max_batch_tokens.
+    def _table_seconds(self, num_requests: int, block_size: int) -> list[float]:
+        """T_R(R (L + 1)) for L = 0..B: B + 1 floats; inf where the batch exceeds the table's max_batch_tokens.
 
-        Cached per (R, B): the table never changes. Callers must not modify the returned tensor.
+        Cached per (R, B): the table never changes. Callers must not modify the returned list.
         """
         key = (num_requests, block_size)
         if key not in self._prior:
             table = self.table.for_num_requests(num_requests)
             n = num_requests * torch.arange(1, block_size + 2)
-            seconds = 1.0 / table.steps_per_sec_tensor(n)
-            self._prior[key] = seconds.masked_fill(n > table.max_batch_tokens, math.inf)
+            seconds = (1.0 / table.steps_per_sec_tensor(n)).masked_fill(n > table.max_batch_tokens, math.inf)
+            self._prior[key] = seconds.tolist()
         return self._prior[key]
 
     def seconds(self, num_requests: int, block_size: int) -> Tensor:
-        """Predicted seconds of a step at depth L = 0..B for R requests: [B + 1] float64 (inf = not allowed)."""
+        """Predicted seconds of a step at depth L = 0..B for R requests: [B + 1] float64 (inf = not allowed).
+
+        Computed on Python floats (B + 1 values): it runs before every step, where a dozen tiny tensor ops would
+        cost more than the arithmetic.
+        """
         R, B = num_requests, block_size
         if R < 1 or B < 1:
             raise ValueError(f"Need num_requests >= 1 and block_size >= 1, got {R} and {B}.")
         prior = self._table_seconds(R, B)
-        if not self._cells:
-            return prior.clone()
-        seen = R if R in self._cells else min(self._cells, key=lambda r: (abs(r - R), -r))  # ties: the larger
-        cells = {L: c for L, c in self._cells[seen].items() if L <= B}
+        seen = R if R in self._cells else min(self._cells, key=lambda r: (abs(r - R), -r), default=None)  # ties: larger
+        cells = {L: c for L, c in self._cells[seen].items() if L <= B} if seen is not None else {}
         if not cells:
-            return prior.clone()
+            return torch.tensor(prior, dtype=torch.float64)
         seen_prior = prior if seen == R else self._table_seconds(seen, B)
-        ratios = [c[0] / float(seen_prior[L]) for L, c in cells.items() if math.isfinite(seen_prior[L])]
-        verify = prior * (min(ratios) if ratios else 1.0)  # optimistic: an unmeasured cell gets tried, then known
-        draft = _line(cells, B)
+        ratios = [v / seen_prior[L] for L, (v, _) in cells.items() if math.isfinite(seen_prior[L])]
+        ratio = min(ratios) if ratios else 1.0  # optimistic: an unmeasured cell gets tried, then known
+        out = [t * ratio + d if math.isfinite(t) else math.inf for t, d in zip(prior, _line(cells, B))]
         if seen == R:  # measured cells speak for themselves
             for L, (v, d) in cells.items():
-                if math.isfinite(verify[L]):
-                    verify[L], draft[L] = v, d
-        return verify + draft
+                if math.isfinite(prior[L]):
+                    out[L] = v + d
+        return torch.tensor(out, dtype=torch.float64)
 
 
-def _line(cells: dict[int, tuple[float, float]], block_size: int) -> Tensor:
+def _line(cells: dict[int, tuple[float, float]], block_size: int) -> list[float]:
     """Drafter seconds for L = 0..B from the measured depths: least squares c0 + c1 L with c0, c1 >= 0."""
     points = [(L, d) for L, (_, d) in cells.items() if L >= 1]
-    out = torch.zeros(block_size + 1, dtype=torch.float64)
     if not points:
-        return out
-    depths = torch.tensor([p[0] for p in points], dtype=torch.float64)
-    times = torch.tensor([p[1] for p in points], dtype=torch.float64)
-    slope, intercept = float(times.sum() / depths.sum()), 0.0  # through the origin
-    if len(points) >= 2:
-        dL = depths - depths.mean()
-        slope = max(float((dL * (times - times.mean())).sum() / (dL * dL).sum()), 0.0)
-        intercept = float(times.mean()) - slope * float(depths.mean())
+        return [0.0] * (block_size + 1)
+    n = len(points)
+    mean_L, mean_d = sum(L for L, _ in points) / n, sum(d for _, d in points) / n
+    slope, intercept = mean_d / mean_L, 0.0  # through the origin
+    if n >= 2:
+        slope = max(sum((L - mean_L) * (d - mean_d) for L, d in points) / sum((L - mean_L) ** 2 for L, _ in points), 0.0)
+        intercept = mean_d - slope * mean_L
         if intercept < 0:
-            slope, intercept = float((depths * times).sum() / (depths * depths).sum()), 0.0
-    out[1:] = intercept + slope * torch.arange(1, block_size + 1, dtype=torch.float64)
-    return out
+            slope, intercept = sum(L * d for L, d in points) / sum(L * L for L, _ in points), 0.0
+    return [0.0] + [intercept + slope * L for L in range(1, block_size + 1)]

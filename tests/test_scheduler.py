@@ -213,6 +213,33 @@ def test_adaptive_skips_drafting_when_it_does_not_pay_and_probes_with_backoff():
         AdaptiveVerification(table, probe_every=0)
 
 
+def test_adaptive_corrects_an_overconfident_head_with_what_verification_accepted():
+    table = StepTimeTable([1, 8], [10.0, 9.0], max_batch_tokens=64)
+    costs = FixedStepCosts([0.1] + [0.1 + 0.02 * L for L in range(1, 8)])
+    confident = torch.full((4, 7), 4.0)  # c = 0.98: worth drafting the full block at these costs
+    policy = AdaptiveVerification(table, costs=costs)
+    assert policy.draft_depth(4, 7) == 7 and policy.acceptance_ratio == 1.0
+    policy.lengths(confident, 7)
+    assert policy.draft_depth(4, 7) == 7  # believed, until verification says otherwise
+    policy.lengths(confident, 7)  # this step's drafts: ~26 accepted drafts predicted...
+    policy.observe_step(4, 7, 0.3, 0.1, accepted=torch.zeros(4, dtype=torch.int64))  # ...none accepted
+    predicted = 4 * float((torch.sigmoid(torch.tensor(4.0)) ** torch.arange(1, 8)).sum())
+    assert policy.acceptance_ratio == pytest.approx(1 / (1 + predicted), rel=1e-5)
+    assert policy.draft_depth(4, 7) == 0  # now it skips the drafter
+    assert "acceptance_ratio=0.0" in repr(policy)
+    # a calibrated head keeps rho near 1; slots a request cannot emit (usable) are not counted as predicted
+    calibrated = AdaptiveVerification(table, costs=costs)
+    usable = torch.tensor([7, 7, 2, 0])
+    calibrated.draft_depth(4, 7, usable=usable)
+    calibrated.lengths(torch.full((4, 7), 20.0), 7)  # survival 1 everywhere: 7 + 7 + 2 + 0 verified slots count
+    calibrated.observe_step(4, 7, 0.3, 0.1, accepted=torch.tensor([7, 7, 2, 0]))
+    assert calibrated.acceptance_ratio == pytest.approx(1.0)
+    calibrated.reset()  # a fresh call forgets it (carry_over=False)
+    assert calibrated.acceptance_ratio == 1.0
+    with pytest.raises(ValueError, match="acceptance_window"):
+        AdaptiveVerification(table, acceptance_window=-1)
+
+
 def test_allocate_matches_brute_force_top_k_with_position_tie_break():
     rng = random.Random(3)
     for _ in range(400):
