@@ -196,7 +196,10 @@ class Bench:
                 for rec in timed[k:] + timed[:k]:
                     outputs[rec.contender][b], stats[rec.contender][b] = self._timed_call(runs[rec.contender], enc, rec)
         for rec in timed:
-            new = [n for out, enc in zip(outputs[rec.contender], encoded) for n in _new_token_counts(out, enc["input_ids"].shape[1], self.eos)]
+            new = [  # new tokens per row, all batches of the last pass
+                n for out, enc in zip(outputs[rec.contender], encoded)
+                for n in _new_token_counts(out, enc["input_ids"].shape[1], self.eos)
+            ]
             rec.new_tokens = sum(new)
             rec.repeats_s = [sum(calls) for calls in rec.calls_s]
             rec.tokens_per_s = rec.new_tokens / statistics.median(rec.repeats_s)
@@ -278,16 +281,15 @@ def markdown_table(records: list[Record]) -> str:
         "| scheduler ms/step | identical |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
-    fmt = lambda x, f: "-" if x != x else format(x, f)  # noqa: E731  (NaN -> "-")
+    fmt = lambda x, f, unit="": "-" if x != x else format(x, f) + unit  # noqa: E731  (NaN -> "-")
     for r in records:
         if not r.supported:
             lines.append(f"| {r.prompt_set} | {r.batch_size} | {r.contender} | unsupported | - | - | - | - | - | - | - |")
             continue
         spread = f" [{r.speedup_range[0]:.2f}-{r.speedup_range[1]:.2f}]" if len(r.speedup_range) == 2 else ""
-        decode = fmt(r.decode_speedup_vs_plain, ".2f") + ("x" if r.decode_speedup_vs_plain == r.decode_speedup_vs_plain else "")
         lines.append(
             f"| {r.prompt_set} | {r.batch_size} | {r.contender} | {r.tokens_per_s:.1f} | {r.speedup_vs_plain:.2f}x{spread} | "
-            f"{decode} | {fmt(r.ttft_s, '.2f')} | {fmt(r.mean_accepted_length, '.2f')} | "
+            f"{fmt(r.decode_speedup_vs_plain, '.2f', 'x')} | {fmt(r.ttft_s, '.2f')} | {fmt(r.mean_accepted_length, '.2f')} | "
             f"{fmt(r.verified_drafts_per_request, '.2f')} | {fmt(r.scheduler_ms_per_step, '.3f')} | "
             f"{'yes' if r.identical_to_plain else 'NO'} |"
         )

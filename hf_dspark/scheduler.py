@@ -241,8 +241,9 @@ def best_depth(
     a step at depth L commits R + S_L tokens in expectation, S_L = sum over positions k < L of the mean stale
     survival at k times the number of requests that can still emit a draft at k (all R unless `usable` says
     otherwise: a request one token short of max_new_tokens gains nothing from drafts), and takes step_seconds[L].
-    L = 0 is a plain target step without a drafter pass. Returns argmax_L (R + S_L) / step_seconds[L], the smallest L on ties. The choice depends only on earlier steps (and
-    the timing model), never on the drafts it leads to, so truncating at L keeps the output exact.
+    L = 0 is a plain target step without a drafter pass. Returns argmax_L (R + S_L) / step_seconds[L], the smallest
+    L on ties. The choice depends only on earlier steps (and the timing model), never on the drafts it leads to, so
+    truncating at L keeps the output exact.
 
     Args:
         stale_survival: [R', B] prefix survival of an earlier drafted step.
