@@ -34,6 +34,7 @@ from transformers.generation.stopping_criteria import (
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
+from .draft_context import DraftContext
 from .drafting import Draft, draft_block
 from .kernels import build_verify_inputs, gather_kv, rejection_sample
 from .modeling import DSparkDrafter
@@ -273,8 +274,8 @@ def generate(
     keep_kwarg = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def target_forward(ids, mask, pos, cache, last_only=False):
-        """One target forward appending to `cache` -> logits [R, T, V] (or [R, 1, V] with `last_only`) and the
-        drafter's context K/V of these tokens."""
+        """One target forward appending to `cache` -> logits [R, T, V] (or [R, 1, V] with `last_only`); the taps of
+        these tokens go to the drafter's context (projected when the drafter next runs)."""
         out = model(
             input_ids=ids,
             attention_mask=mask.long(),
@@ -285,13 +286,14 @@ def generate(
             **({"logits_to_keep": 1} if last_only and keep_kwarg else {}),
             **model_kwargs,
         )
-        taps = torch.cat([out.hidden_states[i] for i in drafter.tap_hidden_state_ids], dim=-1)  # [R, T, m*H]
-        return out.logits, drafter.context_kv(drafter.context_features(taps), pos)
+        context.append(torch.cat([out.hidden_states[i] for i in drafter.tap_hidden_state_ids], dim=-1), pos)  # [R, T, m*H]
+        return out.logits
 
     # ---- prefill: target over the prompt -> first token, taps -> drafter context
+    context = DraftContext(drafter)  # columns mirror the target cache's
     positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
     t0 = time.perf_counter()
-    logits, ctx_kv = target_forward(input_ids, attn, positions, cache, last_only=True)  # the lm_head on the last position only
+    logits = target_forward(input_ids, attn, positions, cache, last_only=True)  # the lm_head on the last position only
     prompt_rows = [input_ids[r] for r in range(n_rows)]
     scores = processing(logits[:, -1].float(), lambda i: (i, prompt_rows[i]))
     first = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1) if gen.do_sample else scores.argmax(-1)
@@ -302,7 +304,7 @@ def generate(
     anchor = first
     anchor_pos = attn.long().sum(-1)  # position of the anchor (first generated token) per row
     active = _commit(generated, rows, [[int(t)] for t in first], eos, budget, other_criteria, prompt_rows, streamer)
-    rows, anchor, anchor_pos, cache, ctx_kv, ctx_valid = _select(active, rows, anchor, anchor_pos, cache, ctx_kv, ctx_valid)
+    rows, anchor, anchor_pos, ctx_valid = _select(active, rows, anchor, anchor_pos, cache, context, ctx_valid)
 
     while rows.numel() > 0:
         n = rows.numel()
@@ -323,7 +325,7 @@ def generate(
         stats.policy_time_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         if depth > 0:
-            draft = draft_block(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov, depth)
+            draft = draft_block(drafter, anchor, anchor_pos, context.kv(), ctx_valid, processing, prefix, markov, depth)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # the policy prices drafting with this wall time
             stats.drafted_steps += 1
@@ -344,7 +346,7 @@ def generate(
 
         # ---- verify: one target forward over the ragged batch
         verify_ids, verify_pos, valid = build_verify_inputs(anchor, draft.tokens, lengths, anchor_pos, pad_id)
-        logits, new_kv = target_forward(verify_ids, torch.cat([ctx_valid, valid], dim=1), verify_pos, cache)
+        logits = target_forward(verify_ids, torch.cat([ctx_valid, valid], dim=1), verify_pos, cache)
         logits = logits.float()  # [R, width, V]
         flat_rows = torch.arange(n, device=device).repeat_interleave(lengths + 1)
         flat_pos = torch.cat([torch.arange(int(l) + 1, device=device) for l in lengths])
@@ -380,12 +382,11 @@ def generate(
         chunks = [emitted[i, : int(num_acc[i]) + 1].tolist() for i in range(n)]
         active = _commit(generated, rows, chunks, eos, budget, other_criteria, prompt_rows, streamer)
         keep = torch.arange(width, device=device)[None, :] <= num_acc[:, None]  # [R, width]
-        ctx_kv = [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(ctx_kv, new_kv)]
         ctx_valid = torch.cat([ctx_valid, keep & valid], dim=1)
         anchor = emitted[torch.arange(n, device=device), num_acc]
         anchor_pos = anchor_pos + num_acc + 1
-        rows, anchor, anchor_pos, cache, ctx_kv, ctx_valid = _select(active, rows, anchor, anchor_pos, cache, ctx_kv, ctx_valid)
-        cache, ctx_kv, ctx_valid = _trim(cache, ctx_kv, ctx_valid)
+        rows, anchor, anchor_pos, ctx_valid = _select(active, rows, anchor, anchor_pos, cache, context, ctx_valid)
+        ctx_valid = _trim(cache, context, ctx_valid)
         step_seconds = time.perf_counter() - step_start
         stats.step_seconds.append(step_seconds)
         t0 = time.perf_counter()
@@ -415,30 +416,30 @@ def _commit(generated, rows, chunks, eos, budget, criteria, prompt_rows, streame
     return torch.tensor(active, dtype=torch.bool, device=rows.device)
 
 
-def _select(active, rows, anchor, anchor_pos, cache, ctx_kv, ctx_valid):
+def _select(active, rows, anchor, anchor_pos, cache: DynamicCache, context: DraftContext, ctx_valid):
     """Drop finished rows from every piece of state (finished rows stop costing compute)."""
     if bool(active.all()):
-        return rows, anchor, anchor_pos, cache, ctx_kv, ctx_valid
+        return rows, anchor, anchor_pos, ctx_valid
     idx = active.nonzero().squeeze(1)
     cache.batch_select_indices(idx)
-    ctx_kv = [(k[idx], v[idx]) for k, v in ctx_kv]
-    return rows[idx], anchor[idx], anchor_pos[idx], cache, ctx_kv, ctx_valid[idx]
+    context.select(idx)
+    return rows[idx], anchor[idx], anchor_pos[idx], ctx_valid[idx]
 
 
-def _trim(cache: DynamicCache, ctx_kv, ctx_valid):
-    """Crop trailing holes common to all rows; compact when the longest row carries too many holes."""
+def _trim(cache: DynamicCache, context: DraftContext, ctx_valid: torch.Tensor) -> torch.Tensor:
+    """Crop trailing holes common to all rows; compact when the longest row carries too many holes -> ctx_valid."""
     if ctx_valid.shape[0] == 0:
-        return cache, ctx_kv, ctx_valid
+        return ctx_valid
     valid_any = ctx_valid.any(0)
     tail = int(ctx_valid.shape[1] - (valid_any.nonzero().max() + 1)) if valid_any.any() else 0
     if tail > 0:
         cache.crop(-tail)
-        ctx_kv = [(k[:, :, :-tail], v[:, :, :-tail]) for k, v in ctx_kv]
+        context.crop(tail)
         ctx_valid = ctx_valid[:, :-tail]
     counts = ctx_valid.sum(1)
     holes = ctx_valid.shape[1] - int(counts.min())
     if holes - int(counts.max() - counts.min()) < COMPACT_HOLES and holes < 4 * COMPACT_HOLES:
-        return cache, ctx_kv, ctx_valid
+        return ctx_valid
     # right-align each row's valid entries: keep_index [R, max_valid]
     width = int(counts.max())
     order = torch.sort(ctx_valid.long(), dim=1, stable=True).indices  # invalid first, valid (in order) last
@@ -447,8 +448,8 @@ def _trim(cache: DynamicCache, ctx_kv, ctx_valid):
     for layer in cache.layers:
         layer.keys = gather_kv(layer.keys, keep)
         layer.values = gather_kv(layer.values, keep)
-    ctx_kv = [(gather_kv(k, keep), gather_kv(v, keep)) for k, v in ctx_kv]
-    return cache, ctx_kv, ctx_valid
+    context.gather(keep)
+    return ctx_valid
 
 
 def _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer):

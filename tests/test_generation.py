@@ -44,8 +44,11 @@ def test_greedy_identical_tiny_ragged_batch(tiny_target, tiny_drafter, oracle, m
             assert tiny_drafter.last_stats.mean_accepted_length > 3.0
 
 
-@pytest.mark.parametrize("regime", ["skip", "mid_depth"])
-def test_greedy_identical_when_the_scheduler_skips_drafting_or_drafts_shallow(tiny_target, tiny_drafter, regime):
+@pytest.mark.parametrize("regime", ["skip", "skip_compacting", "mid_depth"])
+def test_greedy_identical_when_the_scheduler_skips_drafting_or_drafts_shallow(tiny_target, tiny_drafter, regime, monkeypatch):
+    if regime == "skip_compacting":  # compaction with columns still pending in the drafter context
+        monkeypatch.setattr(G, "COMPACT_HOLES", 1)
+        regime = "skip"
     enc = ragged_batch(256, seed=5)
     ref = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None)
     policy = skipping_policy() if regime == "skip" else mid_depth_policy()

@@ -1,0 +1,84 @@
+"""The drafter's context during generation: K/V of every token in the target's cache, projected from the target's
+tapped hidden states only when the drafter next runs.
+
+The drafter attends to every cached token, so a step that skips it (a plain step chosen by the scheduler) still
+has to record its tokens. Projecting them at once (fc + norm + K/V of each drafter layer) cost about 2-3% of a
+batch-32 plain step on CPU (`scripts/decode_overhead.py`), paid on every skipped step. Deferred, the taps of
+skipped steps are projected in one batched call at the next drafted step (one larger matrix product: about 3x
+cheaper per token on this CPU), or never when the requests finish first.
+
+Columns match the target cache's columns one to one: `[projected | pending chunks in order]`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kernels import gather_kv
+from .modeling import DSparkDrafter, KVCache
+
+
+class DraftContext:
+    """Per-request drafter context that the generation loop keeps aligned with the target's KV cache.
+
+    Args:
+        drafter: the drafter whose `context_features` / `context_kv` project the taps.
+    """
+
+    def __init__(self, drafter: DSparkDrafter):
+        self.drafter = drafter
+        self._kv: KVCache | None = None  # per drafter layer (keys, values) [R, Hk, P, D]: projected columns
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (taps [R, T, m*H], positions [R, T])
+
+    @property
+    def num_pending(self) -> int:
+        """Columns recorded but not projected yet."""
+        return sum(t.shape[1] for t, _ in self._pending)
+
+    def append(self, taps: torch.Tensor, positions: torch.Tensor) -> None:
+        """Record new cache columns: taps [R, T, m*H] (the target's tapped layers, concatenated) at positions [R, T]."""
+        self._pending.append((taps, positions))
+
+    def kv(self) -> KVCache:
+        """Per drafter layer (keys, values) [R, Hk, C, D] over all C columns, projecting what is pending."""
+        if self._pending:
+            taps, positions = self._merged_pending()
+            new = self.drafter.context_kv(self.drafter.context_features(taps), positions)
+            self._kv = new if self._kv is None else [
+                (torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(self._kv, new)
+            ]
+            self._pending = []
+        if self._kv is None:
+            raise RuntimeError("The drafter context is empty: append the prompt's taps before drafting.")
+        return self._kv
+
+    def select(self, idx: torch.Tensor) -> None:
+        """Keep the requests `idx` [R'] (finished requests leave the batch)."""
+        if self._kv is not None:
+            self._kv = [(k[idx], v[idx]) for k, v in self._kv]
+        if self._pending:
+            taps, positions = self._merged_pending()
+            self._pending = [(taps[idx], positions[idx])]
+
+    def crop(self, tail: int) -> None:
+        """Drop the last `tail` columns (trailing cache columns that no request uses)."""
+        while tail > 0 and self._pending:
+            taps, positions = self._pending[-1]
+            cut = min(tail, taps.shape[1])
+            if cut == taps.shape[1]:
+                self._pending.pop()
+            else:
+                self._pending[-1] = (taps[:, :-cut], positions[:, :-cut])
+            tail -= cut
+        if tail > 0 and self._kv is not None:
+            self._kv = [(k[:, :, :-tail], v[:, :, :-tail]) for k, v in self._kv]
+
+    def gather(self, keep: torch.Tensor) -> None:
+        """Reorder columns per request, keep [R, C'] column indices (cache compaction; projects what is pending,
+        since rows keep different numbers of projected and pending columns)."""
+        self._kv = [(gather_kv(k, keep), gather_kv(v, keep)) for k, v in self.kv()]
+
+    def _merged_pending(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(self._pending) == 1:
+            return self._pending[0]
+        return torch.cat([t for t, _ in self._pending], 1), torch.cat([p for _, p in self._pending], 1)
