@@ -113,8 +113,13 @@ def _new_token_counts(sequences: torch.Tensor, prompt_len: int, eos: set[int]) -
 class Bench:
     def __init__(
         self, model, tokenizer, drafter, dflash_drafter=None, max_new_tokens: int = 128, profile_kwargs=None,
-        synthetic_acceptance: float | None = None,
+        synthetic_acceptance: float | None = None, custom_runners: dict[str, Callable[[dict], Any]] | None = None,
     ) -> None:
+        """`custom_runners`: extra contenders by name, each a callable running one encoded batch (`run(enc)` ->
+        sequences), timed and checked like the built-in ones (e.g. a scheduler variant in a diagnostic script)."""
+        self.custom_runners = dict(custom_runners or {})
+        if clash := set(self.custom_runners) & set(CONTENDERS):
+            raise ValueError(f"custom_runners may not reuse built-in contender names: {sorted(clash)}.")
         self.synthetic_acceptance = synthetic_acceptance
         self.profile_kwargs = profile_kwargs or {}
         self.model, self.tok, self.drafter = model, tokenizer, drafter
@@ -130,6 +135,8 @@ class Bench:
 
     def runner(self, contender: str) -> Callable[[dict], Any]:
         m, kw = self.model, dict(max_new_tokens=self.max_new_tokens, do_sample=False)
+        if contender in self.custom_runners:
+            return self.custom_runners[contender]
         if contender == "plain":
             return lambda enc: m.generate(**enc, **kw)
         if contender == "prompt_lookup":
@@ -152,7 +159,7 @@ class Bench:
             # one scheduler per contender and batch size, kept across calls like an engine's (carry_over)
             policy = AdaptiveVerification(self.step_table(), temperatures=temps, carry_over=True)
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, verify_policy=policy)
-        raise ValueError(contender)
+        raise ValueError(f"Unknown contender {contender!r}; choose from {', '.join(CONTENDERS + tuple(self.custom_runners))}.")
 
     def step_table(self):
         """Profiled fresh for this run's batch sizes (a cached table may cover other sizes)."""
@@ -204,7 +211,7 @@ class Bench:
             rec.repeats_s = [sum(calls) for calls in rec.calls_s]
             rec.tokens_per_s = rec.new_tokens / statistics.median(rec.repeats_s)
             decode_tokens = sum(max(n - 1, 0) for n in new)  # each row's first token comes with the prefill
-            rec.decode_tokens_per_s = decode_tokens / statistics.median(sum(d) for d in _decode_s(rec))
+            rec.decode_tokens_per_s = decode_tokens / statistics.median(sum(d) for d in decode_seconds(rec))
             rec.ttft_s = statistics.median(t for ttfts in rec.calls_ttft_s for t in ttfts)
             rec.identical_to_plain = all(torch.equal(a, b) for a, b in zip(outputs[rec.contender], reference))
             if done := [s for per_batch in stats[rec.contender] for s in per_batch]:
@@ -219,7 +226,7 @@ class Bench:
         for rec in timed:
             rec.speedup_vs_plain, lo, hi = paired_speedup(plain_rec.calls_s, rec.calls_s)
             rec.speedup_range = [lo, hi]
-            rec.decode_speedup_vs_plain = paired_speedup(_decode_s(plain_rec), _decode_s(rec))[0]
+            rec.decode_speedup_vs_plain = paired_speedup(decode_seconds(plain_rec), decode_seconds(rec))[0]
         return records
 
     def _with_synthetic_drafts(self, run, encoded, reference):
@@ -268,7 +275,7 @@ def paired_speedup(reference_s: list[list[float]], contender_s: list[list[float]
     return statistics.median(ratios), min(ratios), max(ratios)
 
 
-def _decode_s(rec: Record) -> list[list[float]]:
+def decode_seconds(rec: Record) -> list[list[float]]:
     """[pass][batch] seconds after the first token."""
     return [[c - t for c, t in zip(calls, ttfts)] for calls, ttfts in zip(rec.calls_s, rec.calls_ttft_s)]
 

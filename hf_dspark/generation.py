@@ -345,6 +345,7 @@ def generate(
         width = int(lengths.max()) + 1
 
         # ---- verify: one target forward over the ragged batch
+        t0 = time.perf_counter()
         verify_ids, verify_pos, valid = build_verify_inputs(anchor, draft.tokens, lengths, anchor_pos, pad_id)
         logits = target_forward(verify_ids, torch.cat([ctx_valid, valid], dim=1), verify_pos, cache)
         logits = logits.float()  # [R, width, V]

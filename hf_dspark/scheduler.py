@@ -232,6 +232,11 @@ def _stale_values(stale_survival: Tensor, num_requests: int | None) -> tuple[Ten
     return values, R
 
 
+def _usable_slots(usable: Tensor, block_size: int) -> Tensor:
+    """usable [R] drafts each request can still commit -> [R, B] bool, True where slot k < usable[r]."""
+    return torch.arange(block_size, device=usable.device) < usable[:, None]
+
+
 def best_depth(
     stale_survival: Tensor, step_seconds: Tensor, num_requests: int | None = None, usable: Tensor | None = None
 ) -> int:
@@ -278,7 +283,7 @@ def best_depth(
     if usable is None:
         rows_at = s.new_full((B,), float(R))  # [B] requests that can use a draft at position k
     else:
-        rows_at = (usable.to(s.device)[:, None] > torch.arange(B, device=s.device)).sum(0).to(s.dtype)
+        rows_at = _usable_slots(usable.to(s.device), B).sum(0).to(s.dtype)
     expected = s.new_zeros(B + 1)  # [B + 1] expected committed tokens at depth 0..B
     torch.cumsum(s.mean(0) * rows_at, 0, out=expected[1:])
     expected.add_(R)
@@ -528,7 +533,7 @@ class AdaptiveVerification(VerifyPolicy):
         self._survival = torch.cumprod(c, dim=1)
         verified = self._survival[:, :block_size]  # [R, L]; the loop cuts a request at what it can still emit
         if self._usable is not None and self._usable.shape[0] == num_requests:
-            verified = verified * (torch.arange(block_size) < self._usable.cpu()[:, None])
+            verified = verified * _usable_slots(self._usable.cpu(), block_size)
         self._predicted = float(verified.sum())
         return torch.full((num_requests,), block_size, dtype=torch.int64)
 

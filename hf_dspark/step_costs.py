@@ -19,8 +19,10 @@ measured:
   (optimistic, so an unmeasured depth that might be the best gets tried once and is known from then on);
 - draft: the least-squares line (intercept and slope >= 0) through the measured depths at R; with one depth
   measured, proportional to L (optimistic for shallower depths, so the scheduler tries them and learns);
-- a batch size never measured borrows the ratio and the line of the nearest measured one (rows finish one by
-  one, so R walks down through sizes the scheduler has not seen yet).
+- a depth measured at other batch sizes but not at R: the nearest such batch size's measured step, scaled by the
+  table (T_R(R (L + 1)) / T_R'(R' (L + 1))). Rows finish one by one, so a static batch's tail walks R down through
+  sizes the scheduler has not seen yet; without this, each new R would explore the depths afresh;
+- a depth measured nowhere: a batch size never measured borrows the ratio and the line of the nearest measured one.
 With no measurement at all, verify is the table's time and drafting is free: the first steps draft.
 """
 
@@ -101,10 +103,11 @@ class StepCosts:
         ratios = [v / seen_prior[L] for L, (v, _) in cells.items() if math.isfinite(seen_prior[L])]
         ratio = min(ratios) if ratios else 1.0  # optimistic: an unmeasured cell gets tried, then known
         out = [t * ratio + d if math.isfinite(t) else math.inf for t, d in zip(prior, _line(cells, B))]
-        if seen == R:  # measured cells speak for themselves
-            for L, (v, d) in cells.items():
-                if math.isfinite(prior[L]):
-                    out[L] = v + d
+        for L in range(B + 1):  # a depth measured at R speaks for itself; elsewhere, the nearest R' scaled by the table
+            near = min((r for r, c in self._cells.items() if L in c), key=lambda r: (abs(r - R), -r), default=None)
+            if near is not None and math.isfinite(prior[L]):
+                v, d = self._cells[near][L]
+                out[L] = v + d if near == R else (v + d) * prior[L] / self._table_seconds(near, B)[L]
         return torch.tensor(out, dtype=torch.float64)
 
 

@@ -1,41 +1,48 @@
-"""Decode-only cost of plain steps through our loop (FixedLength(0), no drafter pass) vs generate(): 4 paired calls,
-then a cProfile of the decode part of each. `OMP_NUM_THREADS=2 python scripts/decode_overhead.py 32` (batch size)."""
-import cProfile, pstats, sys, time, torch
-from hf_dspark.bench import Bench, default_drafter, load_prompts
+"""Decode-only cost of plain steps through our loop (FixedLength(0), no drafter pass) vs generate(): 4 paired calls
+timed by `hf_dspark.bench.Bench` (decode speedup = prefill taken out), then the time per decode step spent outside
+the target's forward (forward hooks; less noisy than the end-to-end ratio), and a cProfile of the decode part.
+`OMP_NUM_THREADS=2 python scripts/decode_overhead.py 32` (batch size)."""
+import cProfile
+import pstats
+import sys
+import time
+
+from hf_dspark.bench import Bench, decode_seconds, default_drafter, load_prompts, markdown_table
 from hf_dspark.modeling import DSparkDrafter
 from hf_dspark.scheduler import FixedLength
 from hf_dspark.targets import load_target
+
 bs = int(sys.argv[1])
 model, tok = load_target("smollm2-135m-instruct", dtype="float32")
 drafter = DSparkDrafter.from_pretrained(str(default_drafter()), target=model)
-bench = Bench(model, tok, drafter, max_new_tokens=32)
-enc = bench.encode(load_prompts("gsm8k", bs))
 kw = dict(max_new_tokens=32, do_sample=False)
-plain = lambda: model.generate(**enc, **kw)
-fixed0 = lambda: model.generate(**enc, **kw, assistant_model=drafter, verify_policy=FixedLength(0))
-def timed(f):  # -> (time to first token, decode seconds)
-    first = []
-    h = model.register_forward_hook(lambda *_: first.append(time.perf_counter()) if not first else None)
-    t0 = time.perf_counter()
-    f()
-    t1 = time.perf_counter(); h.remove()
-    return first[0] - t0, t1 - first[0]
-plain(); fixed0()
-res = {"plain": [], "fixed0": []}
-for i in range(4):
-    for name, f in ([("plain", plain), ("fixed0", fixed0)] if i % 2 == 0 else [("fixed0", fixed0), ("plain", plain)]):
-        res[name].append(timed(f))
-for k, v in res.items():
-    print(k, "ttft", [round(a, 2) for a, _ in v], "decode", [round(b, 2) for _, b in v])
-print("decode ratio plain/fixed0 per pair", [round(a[1] / b[1], 3) for a, b in zip(res["plain"], res["fixed0"])])
-for name, f in [("plain", plain), ("fixed0", fixed0)]:
-    pr = cProfile.Profile()
-    # profile only the decode part: start after the prefill
-    first = []
-    def hook(*_):
-        if not first:
-            first.append(1); pr.enable()
-    h = model.register_forward_hook(hook)
-    f(); pr.disable(); h.remove()
+loop_plain = lambda enc: model.generate(**enc, **kw, assistant_model=drafter, verify_policy=FixedLength(0))  # noqa: E731
+bench = Bench(model, tok, drafter, max_new_tokens=32, custom_runners={"loop_plain_steps": loop_plain})
+plain, loop = bench.run("gsm8k", load_prompts("gsm8k", bs), bs, ["plain", "loop_plain_steps"], repeats=4)
+print(markdown_table([plain, loop]))
+print("decode ratio per pair (plain / loop):", [round(a[0] / b[0], 3) for a, b in zip(decode_seconds(plain), decode_seconds(loop))])
+
+enc = bench.encode(load_prompts("gsm8k", bs))
+for name, run in [("plain", bench.runner("plain")), ("loop_plain_steps", loop_plain)] * 2:  # time outside the forwards
+    spans = []  # [start, end] of each target forward; the first is the prefill
+    pre = model.register_forward_pre_hook(lambda *_: spans.append([time.perf_counter(), None]))
+    post = model.register_forward_hook(lambda *_: spans[-1].__setitem__(1, time.perf_counter()))
+    run(enc)
+    end = time.perf_counter()
+    pre.remove(), post.remove()
+    outside = end - spans[0][1] - sum(e - s for s, e in spans[1:])
+    print(f"{name}: {1000 * outside / (len(spans) - 1):.1f} ms per decode step outside the target's forward")
+for name, run in [("plain", bench.runner("plain")), ("loop_plain_steps", loop_plain)]:
+    profiler, started = cProfile.Profile(), []
+
+    def start_after_prefill(*_):  # profile only the decode part
+        if not started:
+            started.append(1)
+            profiler.enable()
+
+    hook = model.register_forward_hook(start_after_prefill)
+    run(enc)
+    profiler.disable()
+    hook.remove()
     print("=====", name)
-    pstats.Stats(pr).sort_stats("tottime").print_stats(22)
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(22)

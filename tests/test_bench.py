@@ -109,3 +109,20 @@ def test_run_interleaves_calls_and_splits_prefill(smollm2, monkeypatch):
     assert lo <= dspark.speedup_vs_plain <= hi and dspark.decode_speedup_vs_plain > 0
     assert dspark.verified_drafts_per_request > 0 and plain.verified_drafts_per_request != plain.verified_drafts_per_request
     assert dspark.scheduler_ms_per_step >= 0 and plain.scheduler_ms_per_step != plain.scheduler_ms_per_step
+
+
+def test_bench_times_custom_runners_and_checks_their_outputs(smollm2):
+    """A named custom runner is timed and compared with plain like a built-in contender; built-in names are kept."""
+    model, tok = smollm2
+    with pytest.raises(ValueError, match="built-in"):
+        bench.Bench(model, tok, None, custom_runners={"plain": lambda enc: None})
+
+    def off_by_one(enc):  # plain output with its last token changed: must be reported as not identical
+        out = model.generate(**enc, max_new_tokens=3, do_sample=False).clone()
+        out[:, -1] = (out[:, -1] + 1) % model.config.vocab_size
+        return out
+
+    b = bench.Bench(model, tok, None, max_new_tokens=3, custom_runners={"off_by_one": off_by_one})
+    plain, custom = b.run("gsm8k", bench.load_prompts("gsm8k", 1), 1, ["plain", "off_by_one"], repeats=1)
+    assert custom.contender == "off_by_one" and len(custom.calls_s) == 1 and custom.calls_s[0][0] > 0
+    assert plain.identical_to_plain and custom.identical_to_plain is False

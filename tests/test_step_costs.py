@@ -60,15 +60,20 @@ def test_one_measured_depth_makes_drafting_proportional_to_depth():
 
 def test_an_unseen_batch_size_borrows_from_the_nearest_measured_one():
     table = linear_table()
+    T = lambda n: 0.01 + 0.001 * n  # noqa: E731
     costs = StepCosts(table)
     costs.observe(8, 2, step_seconds=0.1, draft_seconds=0.03)  # verify 0.07 vs table 0.034
     costs.observe(8, 5, step_seconds=0.5, draft_seconds=0.075)  # verify 0.425 vs table 0.058: a larger ratio
     costs.observe(16, 2, step_seconds=0.3, draft_seconds=0.05)
-    ratio8 = 0.07 / (0.01 + 0.001 * 24)  # unmeasured cells get the smallest ratio (optimistic)
+    costs.observe(16, 1, step_seconds=0.2, draft_seconds=0.02)
     got = costs.seconds(6, 3)  # nearest measured: 8
-    assert float(got[2]) == pytest.approx(ratio8 * (0.01 + 0.001 * 18) + 0.03)  # draft line through 2 and 5
-    assert float(got[0]) == pytest.approx(ratio8 * (0.01 + 0.001 * 6))
+    assert float(got[2]) == pytest.approx(0.1 * T(18) / T(24))  # the same depth at R = 8, scaled by the table
+    ratio8 = 0.07 / T(24)  # depths R = 8 never ran get its smallest ratio (optimistic) and its drafter line
+    assert float(got[0]) == pytest.approx(ratio8 * T(6))
+    assert float(got[1]) == pytest.approx(0.2 * T(12) / T(32))  # depth 1 ran only at R = 16
+    assert float(got[3]) == pytest.approx(ratio8 * T(24) + 0.03 + 0.015)  # drafter line through depths 2 and 5
     assert float(costs.seconds(12, 3)[2]) > float(costs.seconds(11, 3)[2])  # ties go to the larger size
+    assert float(costs.seconds(8, 3)[2]) == pytest.approx(0.1)  # measured at R itself: as measured
 
 
 def test_bad_measurements_are_refused():
