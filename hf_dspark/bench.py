@@ -11,6 +11,8 @@ batch alike. Reported per contender:
 - tokens/s: new tokens over the median pass time;
 - speedup vs plain: the median over all (pass, batch) pairs of plain's seconds / the contender's seconds on the
   same batch, with the smallest and largest pair ratio (the spread says what "within noise" means for this run);
+- p slower: the one-sided exact Wilcoxon signed-rank p-value of "slower than plain" over those pairs (small:
+  slower beyond the noise; with n pairs it cannot go below 2^-n);
 - decode: the same with each call's time to first token (the prefill, identical work for every contender)
   taken out, and the first token of each row not counted; TTFT is the median time to first token per call;
 - scheduler ms/step: time in the verify policy (the scheduler's decisions and bookkeeping) per decoding step;
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -56,6 +59,7 @@ class Record:
     per_position_acceptance: list[float] = field(default_factory=list)
     verified_drafts_per_request: float = float("nan")
     scheduler_ms_per_step: float = float("nan")  # time in the verify policy per decoding step (our loop only)
+    p_slower: float = float("nan")  # one-sided Wilcoxon signed-rank p that it is slower than plain (paired calls)
     identical_to_plain: bool | None = None
     new_tokens: int = 0
     repeats_s: list[float] = field(default_factory=list)  # seconds of each timed pass
@@ -222,11 +226,7 @@ class Bench:
                 merged = type(done[0])(block_size=done[0].block_size, accepted_lengths=accepted, verified_lengths=verified)
                 rec.per_position_acceptance = merged.per_position_acceptance
                 rec.scheduler_ms_per_step = 1000 * sum(s.policy_time_s for s in done) / max(1, sum(s.steps for s in done))
-        plain_rec = records[0]
-        for rec in timed:
-            rec.speedup_vs_plain, lo, hi = paired_speedup(plain_rec.calls_s, rec.calls_s)
-            rec.speedup_range = [lo, hi]
-            rec.decode_speedup_vs_plain = paired_speedup(decode_seconds(plain_rec), decode_seconds(rec))[0]
+        compare_with_plain(records)
         return records
 
     def _with_synthetic_drafts(self, run, encoded, reference):
@@ -267,6 +267,40 @@ class Bench:
         return out, [d.last_stats for d in drafters if d.last_stats is not None]
 
 
+def compare_with_plain(records: list[Record]) -> None:
+    """Set each timed record's paired speedup, its spread, decode speedup and p_slower against the plain record of
+    the same prompt set and batch size (records without one are left as they are)."""
+    plain = {(r.prompt_set, r.batch_size): r for r in records if r.contender == "plain" and r.calls_s}
+    for rec in records:
+        ref = plain.get((rec.prompt_set, rec.batch_size))
+        if ref is None or not rec.supported or not rec.calls_s:
+            continue
+        rec.speedup_vs_plain, lo, hi = paired_speedup(ref.calls_s, rec.calls_s)
+        rec.speedup_range = [lo, hi]
+        rec.decode_speedup_vs_plain = paired_speedup(decode_seconds(ref), decode_seconds(rec))[0]
+        rec.p_slower = slower_p_value(ref.calls_s, rec.calls_s)
+
+
+def slower_p_value(reference_s: list[list[float]], contender_s: list[list[float]]) -> float:
+    """One-sided exact Wilcoxon signed-rank p-value for "the contender is slower than the reference", over the paired
+    calls' log(reference / contender seconds); exact ties are dropped, NaN without pairs.
+
+    Small p: slower beyond this machine's noise. With n pairs p cannot go below 2^-n (3 pairs: 0.125), so a large p
+    from few pairs says little.
+    """
+    x = [math.log(r / c) for rp, cp in zip(reference_s, contender_s) for r, c in zip(rp, cp) if r > 0 and c > 0 and r != c]
+    n = len(x)
+    if n == 0:
+        return float("nan")
+    order = sorted(range(n), key=lambda i: abs(x[i]))
+    w_plus = sum(rank + 1 for rank, i in enumerate(order) if x[i] > 0)  # rank sum of the pairs the contender won
+    counts = [1] + [0] * (n * (n + 1) // 2)  # counts[s]: sign patterns whose positive ranks sum to s
+    for k in range(1, n + 1):
+        for total in range(len(counts) - 1, k - 1, -1):
+            counts[total] += counts[total - k]
+    return sum(counts[: w_plus + 1]) / 2**n
+
+
 def paired_speedup(reference_s: list[list[float]], contender_s: list[list[float]]) -> tuple[float, float, float]:
     """(median, smallest, largest) of reference / contender seconds over calls paired by [pass][batch]."""
     ratios = [r / c for rp, cp in zip(reference_s, contender_s) for r, c in zip(rp, cp) if c > 0]
@@ -284,19 +318,19 @@ def markdown_table(records: list[Record]) -> str:
     """One row per record: throughput, paired speedup with its [min-max] spread, decode-only speedup, TTFT, tau,
     drafts verified per request per step, the scheduler's time per step."""
     lines = [
-        "| set | batch | contender | tok/s | speedup vs plain [min-max] | decode speedup | TTFT s | tau | verified/req "
-        "| scheduler ms/step | identical |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        "| set | batch | contender | tok/s | speedup vs plain [min-max] | p slower | decode speedup | TTFT s | tau "
+        "| verified/req | scheduler ms/step | identical |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     fmt = lambda x, f, unit="": "-" if x != x else format(x, f) + unit  # noqa: E731  (NaN -> "-")
     for r in records:
         if not r.supported:
-            lines.append(f"| {r.prompt_set} | {r.batch_size} | {r.contender} | unsupported | - | - | - | - | - | - | - |")
+            lines.append(f"| {r.prompt_set} | {r.batch_size} | {r.contender} | unsupported | - | - | - | - | - | - | - | - |")
             continue
         spread = f" [{r.speedup_range[0]:.2f}-{r.speedup_range[1]:.2f}]" if len(r.speedup_range) == 2 else ""
         lines.append(
             f"| {r.prompt_set} | {r.batch_size} | {r.contender} | {r.tokens_per_s:.1f} | {r.speedup_vs_plain:.2f}x{spread} | "
-            f"{fmt(r.decode_speedup_vs_plain, '.2f', 'x')} | {fmt(r.ttft_s, '.2f')} | {fmt(r.mean_accepted_length, '.2f')} | "
+            f"{fmt(r.p_slower, '.3f')} | {fmt(r.decode_speedup_vs_plain, '.2f', 'x')} | {fmt(r.ttft_s, '.2f')} | {fmt(r.mean_accepted_length, '.2f')} | "
             f"{fmt(r.verified_drafts_per_request, '.2f')} | {fmt(r.scheduler_ms_per_step, '.3f')} | "
             f"{'yes' if r.identical_to_plain else 'NO'} |"
         )

@@ -7,7 +7,10 @@ batch-32 plain step on CPU (`scripts/decode_overhead.py`), paid on every skipped
 skipped steps are projected in one batched call at the next drafted step (one larger matrix product: about 3x
 cheaper per token on this CPU), or never when the requests finish first.
 
-Columns match the target cache's columns one to one: `[projected | pending chunks in order]`.
+Columns match the target cache's columns one to one: `[projected | pending chunks in order]`. Pending taps take
+m*H values per token (m tapped layers; about a quarter of SmolLM2's own KV cache per token), so at most
+`max_pending` columns wait: past that they are projected at once, which bounds the memory when the drafter is
+skipped for long stretches (or never runs: `num_speculative_tokens=0`).
 """
 
 from __future__ import annotations
@@ -23,10 +26,14 @@ class DraftContext:
 
     Args:
         drafter: the drafter whose `context_features` / `context_kv` project the taps.
+        max_pending: project as soon as more columns than this are waiting.
     """
 
-    def __init__(self, drafter: DSparkDrafter):
+    def __init__(self, drafter: DSparkDrafter, max_pending: int = 256):
+        if max_pending < 0:
+            raise ValueError(f"max_pending must be >= 0, got {max_pending}.")
         self.drafter = drafter
+        self.max_pending = max_pending
         self._kv: KVCache | None = None  # per drafter layer (keys, values) [R, Hk, P, D]: projected columns
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (taps [R, T, m*H], positions [R, T])
 
@@ -38,6 +45,8 @@ class DraftContext:
     def append(self, taps: torch.Tensor, positions: torch.Tensor) -> None:
         """Record new cache columns: taps [R, T, m*H] (the target's tapped layers, concatenated) at positions [R, T]."""
         self._pending.append((taps, positions))
+        if self.num_pending > self.max_pending:
+            self.kv()
 
     def kv(self) -> KVCache:
         """Per drafter layer (keys, values) [R, Hk, C, D] over all C columns, projecting what is pending."""

@@ -104,8 +104,16 @@ class StepCosts:
         ratio = min(ratios) if ratios else 1.0  # optimistic: an unmeasured cell gets tried, then known
         out = [t * ratio + d if math.isfinite(t) else math.inf for t, d in zip(prior, _line(cells, B))]
         for L in range(B + 1):  # a depth measured at R speaks for itself; elsewhere, the nearest R' scaled by the table
-            near = min((r for r, c in self._cells.items() if L in c), key=lambda r: (abs(r - R), -r), default=None)
-            if near is not None and math.isfinite(prior[L]):
+            if not math.isfinite(prior[L]):
+                continue
+            # R' must lie inside the table at L: a step the loop ran past max_batch_tokens (the warm-up's full block
+            # at a large R) has no table time to scale by
+            near = min(
+                (r for r, c in self._cells.items() if L in c and math.isfinite(self._table_seconds(r, B)[L])),
+                key=lambda r: (abs(r - R), -r),
+                default=None,
+            )
+            if near is not None:
                 v, d = self._cells[near][L]
                 out[L] = v + d if near == R else (v + d) * prior[L] / self._table_seconds(near, B)[L]
         return torch.tensor(out, dtype=torch.float64)

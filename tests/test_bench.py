@@ -126,3 +126,15 @@ def test_bench_times_custom_runners_and_checks_their_outputs(smollm2):
     plain, custom = b.run("gsm8k", bench.load_prompts("gsm8k", 1), 1, ["plain", "off_by_one"], repeats=1)
     assert custom.contender == "off_by_one" and len(custom.calls_s) == 1 and custom.calls_s[0][0] > 0
     assert plain.identical_to_plain and custom.identical_to_plain is False
+
+
+def test_slower_p_value_is_the_exact_signed_rank_tail():
+    one_pass = lambda xs: [xs]  # noqa: E731  one pass of len(xs) batches
+    # contender slower on all 3 pairs: only that sign pattern (of 8) has W+ = 0
+    assert bench.slower_p_value(one_pass([1.0, 1.0, 1.0]), one_pass([1.1, 1.2, 1.3])) == pytest.approx(1 / 8)
+    # faster on the pair of smallest |log ratio| only: W+ = 1, patterns with W+ <= 1: {}, {1}
+    assert bench.slower_p_value(one_pass([1.0, 1.0, 1.0]), one_pass([0.99, 1.2, 1.3])) == pytest.approx(2 / 8)
+    assert bench.slower_p_value(one_pass([1.0] * 10), one_pass([0.9] * 10)) == 1.0  # faster everywhere
+    assert bench.slower_p_value(one_pass([1.0] * 10), one_pass([1.1] * 10)) == pytest.approx(2**-10)
+    p = bench.slower_p_value(one_pass([1.0, 1.0]), one_pass([1.0, 1.0]))
+    assert p != p  # only ties: no evidence either way (NaN)

@@ -56,3 +56,15 @@ def test_deferred_projection_matches_eager(tiny_drafter):
     ctx.gather(keep)
     assert ctx.num_pending == 0
     same(ctx.kv(), [(gather_kv(k, keep), gather_kv(v, keep)) for k, v in full])
+
+
+@torch.no_grad()
+def test_pending_columns_are_bounded(tiny_drafter):
+    ctx = DraftContext(tiny_drafter, max_pending=4)
+    first, second = chunk(tiny_drafter, 3, 0, 1), chunk(tiny_drafter, 2, 3, 2)
+    ctx.append(*first)
+    assert ctx.num_pending == 3
+    ctx.append(*second)  # 5 > 4 waiting: projected at once
+    assert ctx.num_pending == 0
+    kv = [(torch.cat([k, k2], 2), torch.cat([v, v2], 2)) for (k, v), (k2, v2) in zip(eager(tiny_drafter, *first), eager(tiny_drafter, *second))]
+    same(ctx.kv(), kv)

@@ -85,3 +85,17 @@ def test_bad_measurements_are_refused():
         StepCosts(linear_table(), window=0)
     with pytest.raises(ValueError, match="block_size"):
         costs.seconds(2, 0)
+
+
+def test_a_step_measured_beyond_the_table_is_not_borrowed():
+    """The warm-up drafts the full block even where R (B + 1) exceeds max_batch_tokens; that cell has no table time
+    to scale by, so a smaller R must not borrow it (it once priced the full block at 0 s: free drafting)."""
+    T = lambda n: 0.01 + 0.001 * n  # noqa: E731
+    costs = StepCosts(linear_table(max_batch_tokens=64))
+    costs.observe(4, 7, step_seconds=0.2, draft_seconds=0.05)  # 32 tokens: inside the table
+    costs.observe(9, 7, step_seconds=0.5, draft_seconds=0.1)  # 72 tokens: beyond it
+    costs.observe(9, 0, step_seconds=0.03)
+    assert math.isinf(float(costs.seconds(12, 7)[7]))  # 96 tokens at depth 7: not allowed
+    got = costs.seconds(8, 7)  # 64 tokens: allowed; the nearest R' = 9 lies outside the table there, so R' = 4
+    assert float(got[7]) == pytest.approx(0.2 * T(64) / T(32))
+    assert bool((got > 0).all())
