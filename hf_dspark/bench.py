@@ -60,6 +60,7 @@ class Record:
     verified_drafts_per_request: float = float("nan")
     scheduler_ms_per_step: float = float("nan")  # time in the verify policy per decoding step (our loop only)
     p_slower: float = float("nan")  # one-sided Wilcoxon signed-rank p that it is slower than plain (paired calls)
+    step_trace: list[list[list[float]]] = field(default_factory=list)  # last pass, per call: [R, verified/req, s] per step
     identical_to_plain: bool | None = None
     new_tokens: int = 0
     repeats_s: list[float] = field(default_factory=list)  # seconds of each timed pass
@@ -226,6 +227,9 @@ class Bench:
                 merged = type(done[0])(block_size=done[0].block_size, accepted_lengths=accepted, verified_lengths=verified)
                 rec.per_position_acceptance = merged.per_position_acceptance
                 rec.scheduler_ms_per_step = 1000 * sum(s.policy_time_s for s in done) / max(1, sum(s.steps for s in done))
+                rec.step_trace = [
+                    [[n, v, t] for n, v, t in zip(s.rows_per_step, s.verified_per_step, s.step_seconds)] for s in done
+                ]
         compare_with_plain(records)
         return records
 

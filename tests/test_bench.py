@@ -58,15 +58,15 @@ def test_table_and_plots(tmp_path):
     recs = [
         bench.Record("plain", "gsm8k", 1, tokens_per_s=40.0, speedup_vs_plain=1.0, identical_to_plain=True),
         bench.Record("dspark", "gsm8k", 1, tokens_per_s=80.0, speedup_vs_plain=2.0, speedup_range=[1.5, 2.5],
-                     decode_speedup_vs_plain=2.5, ttft_s=0.25, scheduler_ms_per_step=0.05, mean_accepted_length=3.1,
+                     decode_speedup_vs_plain=2.5, ttft_s=0.25, scheduler_ms_per_step=0.05, mean_accepted_length=3.1, p_slower=1.0,
                      per_position_acceptance=[0.8, 0.6], verified_drafts_per_request=7.0, identical_to_plain=True),
         bench.Record("dflash", "gsm8k", 1, tokens_per_s=60.0, speedup_vs_plain=1.5, mean_accepted_length=2.5,
                      per_position_acceptance=[0.7, 0.5], verified_drafts_per_request=7.0, identical_to_plain=True),
         bench.Record("prompt_lookup", "gsm8k", 4, supported=False, reason=bench.BATCH_1_ONLY["prompt_lookup"]),
     ]
     table = bench.markdown_table(recs)
-    assert "| gsm8k | 1 | dspark | 80.0 | 2.00x [1.50-2.50] | 2.50x | 0.25 | 3.10 | 7.00 | 0.050 | yes |" in table
-    assert "| gsm8k | 1 | plain | 40.0 | 1.00x | - | - | - | - | - | yes |" in table  # a record from an older JSON
+    assert "| gsm8k | 1 | dspark | 80.0 | 2.00x [1.50-2.50] | 1.000 | 2.50x | 0.25 | 3.10 | 7.00 | 0.050 | yes |" in table
+    assert "| gsm8k | 1 | plain | 40.0 | 1.00x | - | - | - | - | - | - | yes |" in table  # a record from an older JSON
     assert "| gsm8k | 4 | prompt_lookup | unsupported |" in table
     written = bench.plot(recs, tmp_path)
     assert len(written) == 3 and all(p.stat().st_size > 1000 for p in written)
@@ -109,6 +109,8 @@ def test_run_interleaves_calls_and_splits_prefill(smollm2, monkeypatch):
     assert lo <= dspark.speedup_vs_plain <= hi and dspark.decode_speedup_vs_plain > 0
     assert dspark.verified_drafts_per_request > 0 and plain.verified_drafts_per_request != plain.verified_drafts_per_request
     assert dspark.scheduler_ms_per_step >= 0 and plain.scheduler_ms_per_step != plain.scheduler_ms_per_step
+    assert len(dspark.step_trace) == 2 and all(len(steps) >= 1 and steps[0][0] == 1 for steps in dspark.step_trace)
+    assert plain.step_trace == []
 
 
 def test_bench_times_custom_runners_and_checks_their_outputs(smollm2):
