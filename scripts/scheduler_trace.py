@@ -1,0 +1,56 @@
+"""Trace the scheduler's decisions step by step on one GSM8K batch: requests R, the depth chosen, the predicted
+seconds of every depth, the acceptance correction rho, then the measured step and drafter seconds and the accepted
+drafts. The scheduler is kept across calls (carry_over), as the bench's `dspark_adaptive` is.
+
+    OMP_NUM_THREADS=2 python scripts/scheduler_trace.py --batch-size 64 --calls 3
+"""
+
+import argparse
+import time
+
+from hf_dspark.bench import Bench, default_drafter, load_prompts
+from hf_dspark.modeling import DSparkDrafter
+from hf_dspark.scheduler import AdaptiveVerification
+from hf_dspark.targets import load_target
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    args = p.parse_args()
+    model, tok = load_target("smollm2-135m-instruct", dtype="float32")
+    drafter = DSparkDrafter.from_pretrained(str(default_drafter()), target=model)
+    sizes = sorted({32, args.batch_size})  # the table the bench profiles for its batch 32-64 run
+    tokens = [n for n in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512) if n <= 8 * max(sizes)]
+    profile_kwargs = {"num_requests": tuple(sizes), "batch_tokens": tokens, "context_len": 128, "repeats": 2, "warmup": 1}
+    bench = Bench(model, tok, drafter, None, args.max_new_tokens, profile_kwargs)
+    policy = AdaptiveVerification(
+        bench.step_table(), temperatures=(drafter.calibration or {}).get("temperatures"), carry_over=True
+    )
+    choose, observe, trace = policy.draft_depth, policy.observe_step, []
+
+    def traced_depth(n, block_size, usable=None):
+        depth = choose(n, block_size, usable)
+        predicted = [round(float(s), 3) for s in policy.costs.seconds(n, block_size)]
+        trace.append(f"R={n} depth={depth} predicted_s={predicted} rho={policy.acceptance_ratio:.3f}")
+        return depth
+
+    def traced_observe(n, depth, step_s, draft_s, accepted=None):
+        acc = "-" if accepted is None else int(accepted.sum())
+        trace[-1] += f" measured_s={step_s:.3f} drafter_s={draft_s:.3f} accepted={acc}"
+        observe(n, depth, step_s, draft_s, accepted)
+
+    policy.draft_depth, policy.observe_step = traced_depth, traced_observe
+    enc = bench.encode(load_prompts("gsm8k", args.batch_size))
+    for call in range(args.calls):
+        trace.clear()
+        t0 = time.perf_counter()
+        model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False, assistant_model=drafter, verify_policy=policy)
+        print(f"call {call}: {time.perf_counter() - t0:.1f} s")
+        print("\n".join(trace))
+
+
+if __name__ == "__main__":
+    main()
