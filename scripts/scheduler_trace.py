@@ -1,6 +1,7 @@
 """Trace the scheduler's decisions step by step on one GSM8K batch: requests R, the depth chosen, the predicted
 seconds of every depth, the acceptance correction rho, then the measured step and drafter seconds and the accepted
-drafts. The scheduler is kept across calls (carry_over), as the bench's `dspark_adaptive` is.
+drafts. The scheduler is kept across calls (carry_over), as the bench's `dspark_adaptive` is. The depth is the
+scheduler's choice; the loop may lower it (a request's last token drafts nothing: drafter_s=0, accepted=-).
 
     OMP_NUM_THREADS=2 python scripts/scheduler_trace.py --batch-size 64 --calls 3
 """
