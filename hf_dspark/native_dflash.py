@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutput
 
+from .draft_context import DraftContext
 from .modeling import DSparkDrafter
 
 
@@ -25,7 +26,7 @@ class NativeDFlashAssistant(nn.Module):
         self.drafter = drafter
         self.config = drafter.config
         self._cache_id: int | None = None
-        self._ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._context = DraftContext(drafter)
 
     @property
     def device(self) -> torch.device:
@@ -42,14 +43,12 @@ class NativeDFlashAssistant(nn.Module):
     ) -> BaseModelOutput:
         d = self.drafter
         if id(cache) != self._cache_id:  # a new generate call: forget the context
-            self._cache_id, self._ctx_kv = id(cache), []
+            self._cache_id, self._context = id(cache), DraftContext(d)
         b = noise_embeds.shape[1]
         c = context_hidden_states.shape[1]
-        new_kv = d.context_kv(d.context_features(context_hidden_states), position_ids[:, :c])
-        self._ctx_kv = (
-            new_kv if not self._ctx_kv else [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(self._ctx_kv, new_kv)]
-        )
-        total = self._ctx_kv[0][0].shape[2]
+        self._context.append(context_hidden_states, position_ids[:, :c])
+        ctx_kv = self._context.kv()  # this call drafts: everything is projected
+        total = ctx_kv[0][0].shape[2]
         mask = torch.ones((1, 1, b, total + b), dtype=torch.bool, device=noise_embeds.device)
-        hidden = d.block_hidden(None, position_ids[:, c:], self._ctx_kv, mask, inputs_embeds=noise_embeds)
+        hidden = d.block_hidden(None, position_ids[:, c:], ctx_kv, mask, inputs_embeds=noise_embeds)
         return BaseModelOutput(last_hidden_state=torch.cat([hidden[:, :1], hidden[:, : b - 1]], dim=1))

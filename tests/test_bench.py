@@ -140,3 +140,14 @@ def test_slower_p_value_is_the_exact_signed_rank_tail():
     assert bench.slower_p_value(one_pass([1.0] * 10), one_pass([1.1] * 10)) == pytest.approx(2**-10)
     p = bench.slower_p_value(one_pass([1.0, 1.0]), one_pass([1.0, 1.0]))
     assert p != p  # only ties: no evidence either way (NaN)
+
+
+def test_native_dflash_contender_matches_plain(smollm2):
+    """transformers' own DFlash loop driving our drafter through NativeDFlashAssistant reproduces plain generate()."""
+    from hf_dspark.modeling import DSparkDrafter
+
+    model, tok = smollm2
+    drafter = DSparkDrafter.from_pretrained(str(bench.default_drafter()), target=model)
+    b = bench.Bench(model, tok, drafter, max_new_tokens=12)
+    plain, native = b.run("gsm8k", bench.load_prompts("gsm8k", 2), 1, ["plain", "hf_dflash"], repeats=1)
+    assert native.supported and native.identical_to_plain and native.new_tokens == plain.new_tokens == 24
