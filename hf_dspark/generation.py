@@ -39,7 +39,7 @@ from .drafting import Draft, draft_block
 from .kernels import build_verify_inputs, gather_kv, rejection_sample
 from .modeling import DSparkDrafter
 from .processing import Processing
-from .scheduler import AdaptiveVerification, ConfidenceThreshold, FullBlock, VerifyPolicy
+from .scheduler import AdaptiveVerification, ConfidenceThreshold, FullBlock, VerifyPolicy, prior_survival
 from .step_table import load_or_profile
 
 logger = logging.get_logger(__name__)
@@ -162,7 +162,8 @@ def _persistent_scheduler(drafter: DSparkDrafter, model: PreTrainedModel, table,
     key = (id(model), str(next(model.parameters()).device), tuple(table.sample_batch_tokens), tuple(table.sample_steps_per_sec), temps_key)
     cached = drafter._dspark_scheduler
     if cached is None or cached[0] != key:
-        cached = (key, AdaptiveVerification(table, temperatures=temps, carry_over=True))
+        prior = prior_survival(drafter.calibration, drafter.config.block_size)
+        cached = (key, AdaptiveVerification(table, temperatures=temps, carry_over=True, prior_survival=prior))
         drafter._dspark_scheduler = cached
     return cached[1]
 

@@ -290,6 +290,37 @@ def best_depth(
     return int(torch.argmax(expected / seconds))
 
 
+def _drafting_depth(survival: Tensor, step_seconds: Tensor, num_requests: int, usable: Tensor | None) -> int:
+    """The best depth L >= 1 (`best_depth` with the plain step ruled out): what a probe or the warm-up drafts."""
+    no_plain = torch.cat([step_seconds.new_full((1,), math.inf), step_seconds[1:]])
+    return best_depth(survival, no_plain, num_requests, usable)
+
+
+def geometric_survival(mean_accepted_length: float, block_size: int) -> Tensor:
+    """A prior survival [B] from a drafter's measured mean accepted length tau (accepted drafts + 1, e.g. its
+    calibration's held-out tau): every position survives with the same alpha, a_k = alpha^(k+1), where alpha solves
+    sum_k a_k = tau - 1 (bisection; alpha = 1 when tau - 1 >= B)."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}.")
+    if not math.isfinite(mean_accepted_length) or mean_accepted_length < 1.0:
+        raise ValueError(f"The mean accepted length counts the bonus token, so it is >= 1; got {mean_accepted_length}.")
+    target = min(mean_accepted_length - 1.0, float(block_size))
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # sum_k alpha^k is increasing in alpha
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(mid ** k for k in range(1, block_size + 1)) < target else (lo, mid)
+    return hi ** torch.arange(1, block_size + 1, dtype=torch.float64)
+
+
+def prior_survival(calibration: dict | None, block_size: int) -> Tensor | None:
+    """The survival a scheduler assumes before its first drafted step: `geometric_survival` of the held-out tau that
+    `hf-dspark calibrate` recorded in calibration.json (`source.tau`); None when the calibration does not say."""
+    tau = ((calibration or {}).get("source") or {}).get("tau")
+    if not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau < 1.0:
+        return None
+    return geometric_survival(float(tau), block_size)
+
+
 def allocate(survival: Tensor, K: int) -> Tensor:
     """Give K verify slots to the top-K slots by current survival (ties: smaller position, then smaller request).
 
@@ -444,14 +475,18 @@ class AdaptiveVerification(VerifyPolicy):
       the loop's own measured step times (`StepCosts`, the step table as the prior), so drafting, verifying and
       bookkeeping are all priced. Depth 0 skips the drafter: a weak drafter or a loaded device costs a plain step.
       While skipping it drafts anyway (a probe at the best depth >= 1) after `probe_every` skipped steps,
-      doubling the interval after each probe that confirms the skip, up to `max_probe_every`;
+      doubling the interval after each probe that confirms the skip, up to `max_probe_every`, and never before the
+      probe's predicted extra seconds (over a plain step) are at most `probe_budget` of the seconds spent in the
+      skipped steps (a probe at batch 64 costs ~2 plain steps on a CPU; at batch 1 a fraction of one);
     - every request verifies the L drafts; their calibrated confidences become the survival for the next
       decision (positions beyond L repeat the last drafted position's conditional confidence);
     - the survival is kept honest by what verification found: it is scaled by rho = (accepted + 1) / (predicted
       + 1) over the last `acceptance_window` drafted steps (predicted = the sum of the verified slots' survival),
       capped at 1. A head that is overconfident on this traffic (its calibration was fitted elsewhere) would
       otherwise keep the scheduler drafting for nothing; a calibrated head gets rho ~ 1;
-    - the first drafted step, with no survival yet, drafts the full block.
+    - the first drafted step, with no survival yet, drafts the best depth >= 1 under `prior_survival` (e.g.
+      `geometric_survival` of the drafter's held-out tau), or the full block without a prior (a full block at
+      batch 64 costs ~8 plain steps on a CPU).
     Every choice uses earlier steps only: exact.
 
     With `carry_over=True`, `reset()` keeps the survival and the probe interval, so the next generate call
@@ -465,6 +500,9 @@ class AdaptiveVerification(VerifyPolicy):
         carry_over: keep survival and probe state across generate calls.
         costs: the step-cost model (default `StepCosts(table)`, learning from the loop's timings).
         acceptance_window: drafted steps whose accepted / predicted drafts correct the survival (0: no correction).
+        prior_survival: [B] survival assumed before any step drafted (None: the warm-up drafts the full block).
+        probe_budget: most of the skipped steps' time that one probe's extra cost may take (0.03 = 3%; math.inf:
+            probe every `probe_every`.. `max_probe_every` skipped steps whatever a probe costs).
     """
 
     needs_confidence = True
@@ -478,11 +516,17 @@ class AdaptiveVerification(VerifyPolicy):
         carry_over: bool = False,
         costs: StepCosts | None = None,
         acceptance_window: int = 32,
+        prior_survival: Tensor | None = None,
+        probe_budget: float = 0.03,
     ):
         if not 1 <= probe_every <= max_probe_every:
             raise ValueError(f"Need 1 <= probe_every <= max_probe_every, got {probe_every} and {max_probe_every}.")
         if acceptance_window < 0:
             raise ValueError(f"acceptance_window must be >= 0, got {acceptance_window}.")
+        if not probe_budget >= 0:
+            raise ValueError(f"probe_budget must be a fraction >= 0 (math.inf: no budget), got {probe_budget}.")
+        self.prior_survival = None if prior_survival is None else _checked_survival(torch.as_tensor(prior_survival).reshape(1, -1))
+        self.probe_budget = float(probe_budget)
         self.costs = StepCosts(table) if costs is None else costs
         self.temperatures = _checked_temperatures(temperatures)
         self.probe_every, self.max_probe_every = probe_every, max_probe_every
@@ -491,13 +535,14 @@ class AdaptiveVerification(VerifyPolicy):
         self._block_size: int | None = None
         self._usable: Tensor | None = None  # [R] drafts each request of the current step can still commit
         self._skipped, self._interval = 0, probe_every
+        self._skipped_s = 0.0  # seconds of the plain steps since the last drafted step
         self._predicted = 0.0  # expected accepted drafts of the step being verified (sum of its verified survival)
         self._outcomes: deque[tuple[float, int]] = deque(maxlen=acceptance_window)  # (predicted, accepted) per drafted step
 
     def reset(self) -> None:
         if not self.carry_over:
             self._survival = None
-            self._skipped, self._interval = 0, self.probe_every
+            self._skipped, self._skipped_s, self._interval = 0, 0.0, self.probe_every
             self._outcomes.clear()
 
     @property
@@ -507,22 +552,30 @@ class AdaptiveVerification(VerifyPolicy):
 
     def draft_depth(self, num_requests: int, block_size: int, usable: Tensor | None = None) -> int:
         self._block_size, self._usable = block_size, usable
-        if self._survival is None or self._survival.shape[1] != block_size:
-            return block_size  # warm-up
+        if self._survival is None or self._survival.shape[1] != block_size:  # warm-up: nothing drafted yet
+            if self.prior_survival is None or self.prior_survival.shape[1] != block_size:
+                return block_size
+            seconds = self.costs.seconds(num_requests, block_size)
+            return _drafting_depth(self.prior_survival, seconds, num_requests, usable)
         seconds = self.costs.seconds(num_requests, block_size)  # [B + 1]
         survival = (self._survival * self.acceptance_ratio).clamp_(max=1.0) if self._outcomes else self._survival
         depth = best_depth(survival, seconds, num_requests, usable)
         if depth > 0:
-            self._skipped, self._interval = 0, self.probe_every
+            self._skipped, self._skipped_s, self._interval = 0, 0.0, self.probe_every
             return depth
         self._skipped += 1
         if self._skipped <= self._interval:
             return 0
-        self._skipped, self._interval = 0, min(2 * self._interval, self.max_probe_every)
-        return best_depth(survival, torch.cat([seconds.new_full((1,), math.inf), seconds[1:]]), num_requests, usable)
+        probe = _drafting_depth(survival, seconds, num_requests, usable)
+        if self.probe_budget < math.inf and not float(seconds[probe] - seconds[0]) <= self.probe_budget * self._skipped_s:
+            return 0  # probing now would cost more than its share of the time spent skipping
+        self._skipped, self._skipped_s, self._interval = 0, 0.0, min(2 * self._interval, self.max_probe_every)
+        return probe
 
     def observe_step(self, num_requests, depth, step_seconds, draft_seconds, accepted=None):
         self.costs.observe(num_requests, depth, step_seconds, draft_seconds)
+        if depth == 0:
+            self._skipped_s += step_seconds
         if depth > 0 and accepted is not None:
             self._outcomes.append((self._predicted, int(accepted.sum())))
 

@@ -20,9 +20,13 @@ measured:
 - draft: the least-squares line (intercept and slope >= 0) through the measured depths at R; with one depth
   measured, proportional to L (optimistic for shallower depths, so the scheduler tries them and learns);
 - a depth measured at other batch sizes but not at R: the nearest such batch size's measured step, scaled by the
-  table (T_R(R (L + 1)) / T_R'(R' (L + 1))). Rows finish one by one, so a static batch's tail walks R down through
+  table (T_R(R (L + 1)) / T_R'(R' (L + 1)), interpolated between the table's probes: with a floor lookup, R = 63
+  at depth 1 (126 tokens) fell to the 96-token probe and was priced 36% below R = 64). Rows finish one by one, so a static batch's tail walks R down through
   sizes the scheduler has not seen yet; without this, each new R would explore the depths afresh;
-- a depth measured nowhere: a batch size never measured borrows the ratio and the line of the nearest measured one.
+- a depth measured nowhere: a batch size never measured borrows the ratio and the line of the nearest measured one;
+- finally no depth is priced above a deeper one (a step at depth L does a subset of a step at L + 1's work): the
+  estimates above come from different cells, and at a static batch's tail a plain step borrowed from R' = 32 was
+  priced above a drafting step measured at R = 4 (0.33 s vs 0.20 s at R = 6), which made drafting look free.
 With no measurement at all, verify is the table's time and drafting is free: the first steps draft.
 """
 
@@ -55,6 +59,7 @@ class StepCosts:
         self._cells: dict[int, dict[int, tuple[float, float]]] = {}  # R -> L -> (verify s, draft s) means of the window
         self._recent: dict[tuple[int, int], deque[tuple[float, float]]] = {}  # (R, L) -> last `window` measurements
         self._prior: dict[tuple[int, int], list[float]] = {}  # (R, B) -> table seconds per depth
+        self._scale: dict[tuple[int, int], list[float]] = {}  # (R, B) -> interpolated table seconds per depth
 
     def observe(self, num_requests: int, depth: int, step_seconds: float, draft_seconds: float = 0.0) -> None:
         """Record one measured step: its wall time and the part spent in the drafter pass (0 for a plain step)."""
@@ -84,6 +89,15 @@ class StepCosts:
             seconds = (1.0 / table.steps_per_sec_tensor(n)).masked_fill(n > table.max_batch_tokens, math.inf)
             self._prior[key] = seconds.tolist()
         return self._prior[key]
+
+    def _scale_seconds(self, num_requests: int, block_size: int) -> list[float]:
+        """The table's time at R (L + 1) tokens for L = 0..B, interpolated between probes: the scale for borrowing a
+        step measured at another batch size (a floor lookup between sparse probes makes that ratio jump)."""
+        key = (num_requests, block_size)
+        if key not in self._scale:
+            n = num_requests * torch.arange(1, block_size + 2)
+            self._scale[key] = self.table.for_num_requests(num_requests).seconds_interpolated(n).tolist()
+        return self._scale[key]
 
     def seconds(self, num_requests: int, block_size: int) -> Tensor:
         """Predicted seconds of a step at depth L = 0..B for R requests: [B + 1] float64 (inf = not allowed).
@@ -115,7 +129,9 @@ class StepCosts:
             )
             if near is not None:
                 v, d = self._cells[near][L]
-                out[L] = v + d if near == R else (v + d) * prior[L] / self._table_seconds(near, B)[L]
+                out[L] = v + d if near == R else (v + d) * self._scale_seconds(R, B)[L] / self._scale_seconds(near, B)[L]
+        for L in range(B - 1, -1, -1):  # a step never costs more than a deeper one: it does a subset of its work
+            out[L] = min(out[L], out[L + 1])
         return torch.tensor(out, dtype=torch.float64)
 
 

@@ -162,6 +162,20 @@ class StepTimeTable:
         i = torch.searchsorted(tokens, n.to(torch.int64), right=True) - 1
         return sps[i.clamp_(min=0)]
 
+    def seconds_interpolated(self, n: Tensor) -> Tensor:
+        """Step seconds at n tokens, linear between probes (constant outside them): [...] float64 on n's device.
+
+        Not the lookup the scheduler prices with (that is the floor lookup above); it is for *ratios* between two
+        token counts, e.g. scaling a step measured at one batch size to another, where a floor between two sparse
+        probes would make the ratio jump.
+        """
+        tokens, seconds = self._tokens.to(n.device, torch.float64), 1.0 / self._steps_per_sec.to(n.device)
+        x = n.to(torch.float64).clamp(min=float(tokens[0]), max=float(tokens[-1]))
+        i = (torch.searchsorted(tokens, x, right=True) - 1).clamp_(0, max(tokens.numel() - 2, 0))  # segment start
+        j = (i + 1).clamp_(max=tokens.numel() - 1)
+        span = (tokens[j] - tokens[i]).clamp_(min=1.0)
+        return seconds[i] + (seconds[j] - seconds[i]) * (x - tokens[i]) / span
+
     def steps_per_sec_range(self, start: int, stop: int) -> Tensor:
         """SPS(N) for N = start..stop-1, 0 <= start <= stop <= max_batch_tokens + 1: [stop - start] float64 (CPU)."""
         if not 0 <= start <= stop <= self.max_batch_tokens + 1:

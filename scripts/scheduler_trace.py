@@ -4,15 +4,18 @@ drafts. The scheduler is kept across calls (carry_over), as the bench's `dspark_
 scheduler's choice; the loop may lower it (a request's last token drafts nothing: drafter_s=0, accepted=-).
 
     OMP_NUM_THREADS=2 python scripts/scheduler_trace.py --batch-size 64 --calls 3
+    OMP_NUM_THREADS=2 python scripts/scheduler_trace.py --batch-size 32 --synthetic-acceptance 0.8
 """
 
 import argparse
+import contextlib
 import time
 
 from hf_dspark.bench import Bench, default_drafter, load_prompts
 from hf_dspark.modeling import DSparkDrafter
 from hf_dspark.scheduler import AdaptiveVerification
 from hf_dspark.targets import load_target
+from hf_dspark.testing import synthetic_drafts
 
 
 def main() -> None:
@@ -20,6 +23,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
+                   help="draft the batch's own plain output, each token right with probability ALPHA (as the bench)")
     args = p.parse_args()
     model, tok = load_target("smollm2-135m-instruct", dtype="float32")
     drafter = DSparkDrafter.from_pretrained(str(default_drafter()), target=model)
@@ -45,10 +50,15 @@ def main() -> None:
 
     policy.draft_depth, policy.observe_step = traced_depth, traced_observe
     enc = bench.encode(load_prompts("gsm8k", args.batch_size))
+    reference = None  # synthetic drafts continue each row's own plain output
+    if args.synthetic_acceptance is not None:
+        reference = model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False)
     for call in range(args.calls):
         trace.clear()
         t0 = time.perf_counter()
-        model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False, assistant_model=drafter, verify_policy=policy)
+        drafts = contextlib.nullcontext() if reference is None else synthetic_drafts(reference, args.synthetic_acceptance, seed=call)
+        with drafts:
+            model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False, assistant_model=drafter, verify_policy=policy)
         print(f"call {call}: {time.perf_counter() - t0:.1f} s")
         print("\n".join(trace))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 
 import pytest
 import torch
@@ -281,8 +282,9 @@ TABLE = StepTimeTable([1, 2048, 8192, 16384], [100.0, 80.0, 30.0, 10.0], 65536, 
 
 def skipping_policy() -> AdaptiveVerification:
     """The scheduler on a device where drafting costs 20x a plain step: after the full-block warm-up it skips the
-    drafter, probing every other step, so drafted and plain steps alternate inside one call."""
-    return AdaptiveVerification(TABLE, probe_every=1, max_probe_every=1, costs=FixedStepCosts([1.0] + [20.0] * 8))
+    drafter, probing every other step (no probe budget), so drafted and plain steps alternate inside one call."""
+    costs = FixedStepCosts([1.0] + [20.0] * 8)
+    return AdaptiveVerification(TABLE, probe_every=1, max_probe_every=1, costs=costs, probe_budget=math.inf)
 
 
 def mid_depth_policy() -> AdaptiveVerification:

@@ -16,6 +16,8 @@ from hf_dspark.scheduler import (
     algorithm1,
     allocate,
     budget,
+    geometric_survival,
+    prior_survival,
     scheduler_overhead_ms,
     survival_from_confidence,
     best_depth,
@@ -186,18 +188,29 @@ def test_best_depth_prices_the_whole_step():
 def test_adaptive_skips_drafting_when_it_does_not_pay_and_probes_with_backoff():
     table = StepTimeTable([1, 8], [10.0, 9.0], max_batch_tokens=64)
     costs = FixedStepCosts([0.1] + [0.15 + 0.01 * L for L in range(1, 8)])  # a drafter half a plain step
-    policy = AdaptiveVerification(table, probe_every=2, max_probe_every=8, costs=costs)
+    # a probe's extra 0.06 s may take 31% of the skipped steps' time: after 2 plain steps (0.2 s) it may run
+    policy = AdaptiveVerification(table, probe_every=2, max_probe_every=8, costs=costs, probe_budget=0.31)
     weak = torch.full((1, 7), -6.0)  # survival ~0.0025
+
+    def run(policy, steps):
+        pattern = []
+        for _ in range(steps):
+            depth = policy.draft_depth(1, 7)
+            pattern.append(depth)
+            if depth:
+                policy.lengths(weak[:, :depth], depth)
+            policy.observe_step(1, depth, float(costs.seconds(1, 7)[depth]), 0.0)
+        return pattern
+
     assert policy.draft_depth(1, 7) == 7  # no survival yet: warm-up with the full block
     policy.lengths(weak, 7)
-    pattern = []
-    for _ in range(30):
-        depth = policy.draft_depth(1, 7)
-        pattern.append(depth)
-        if depth:
-            policy.lengths(weak[:, :depth], depth)
     # skip 2, probe, skip 4, probe, skip 8, probe, skip 8, ...; probes draft the best positive depth only
-    assert pattern[:18] == [0, 0, 1, 0, 0, 0, 0, 1] + [0] * 8 + [1, 0]
+    assert run(policy, 30)[:18] == [0, 0, 1, 0, 0, 0, 0, 1] + [0] * 8 + [1, 0]
+    # the default budget (3%): a probe costing 0.6 plain steps waits for 20 plain steps, whatever probe_every says
+    frugal = AdaptiveVerification(table, probe_every=2, max_probe_every=8, costs=costs)
+    frugal.draft_depth(1, 7)
+    frugal.lengths(weak, 7)
+    assert run(frugal, 42) == ([0] * 20 + [1]) * 2
     strong = torch.full((1, 1), 8.0)
     policy.lengths(strong, 1)  # a probe that finds drafting worthwhile again (deeper slots extrapolated)
     assert [policy.draft_depth(1, 7) for _ in range(3)] == [7, 7, 7]
@@ -451,3 +464,27 @@ def test_nan_survival_counts_as_zero():
 
 def test_scheduler_overhead_benchmark_runs():
     assert scheduler_overhead_ms(R=8, B=4, steps=5) > 0
+
+
+def test_geometric_prior_matches_the_drafters_measured_tau():
+    for tau in (1.0, 1.108, 2.5, 4.0):
+        s = geometric_survival(tau, 7)
+        assert float(s.sum()) == pytest.approx(tau - 1, abs=1e-9) and bool((s[1:] <= s[:-1]).all())
+    assert geometric_survival(9.0, 7).tolist() == [1.0] * 7  # more than the block can accept: everything survives
+    with pytest.raises(ValueError, match="bonus"):
+        geometric_survival(0.5, 7)
+    assert float(prior_survival({"source": {"tau": 1.108}}, 7).sum()) == pytest.approx(0.108)
+    assert prior_survival(None, 7) is None and prior_survival({"temperatures": [1.0] * 7}, 7) is None
+    assert prior_survival({"source": {"tau": "n/a"}}, 7) is None
+
+
+def test_warm_up_drafts_the_best_depth_under_the_prior():
+    """Before any drafted step the scheduler knows only the drafter's held-out tau: a weak drafter warms up with
+    one draft instead of the full block (a full block at batch 64 costs ~8 plain steps on a CPU)."""
+    table = StepTimeTable([1, 8], [10.0, 9.0], max_batch_tokens=64)
+    costs = FixedStepCosts([0.1] + [0.15 + 0.01 * L for L in range(1, 8)])
+    warm_up = lambda prior: AdaptiveVerification(table, costs=costs, prior_survival=prior).draft_depth(1, 7)  # noqa: E731
+    assert warm_up(None) == 7
+    assert warm_up(geometric_survival(1.108, 7)) == 1  # the shipped drafter's calibration tau
+    assert warm_up(geometric_survival(6.5, 7)) == 7
+    assert warm_up(geometric_survival(6.5, 4)) == 7  # a prior for another block size is ignored

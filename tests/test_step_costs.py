@@ -70,7 +70,10 @@ def test_an_unseen_batch_size_borrows_from_the_nearest_measured_one():
     assert float(got[2]) == pytest.approx(0.1 * T(18) / T(24))  # the same depth at R = 8, scaled by the table
     ratio8 = 0.07 / T(24)  # depths R = 8 never ran get its smallest ratio (optimistic) and its drafter line
     assert float(got[0]) == pytest.approx(ratio8 * T(6))
-    assert float(got[1]) == pytest.approx(0.2 * T(12) / T(32))  # depth 1 ran only at R = 16
+    # depth 1 ran only at R = 16 (0.105 s scaled), but depth 2 borrowed from R = 8 is cheaper: a shallower step
+    # is never priced above a deeper one
+    assert float(got[1]) == pytest.approx(min(0.2 * T(12) / T(32), float(got[2]))) == pytest.approx(float(got[2]))
+    assert float(costs.seconds(14, 3)[1]) == pytest.approx(0.2 * T(28) / T(32))  # nearest to depth 1 there: R = 16
     assert float(got[3]) == pytest.approx(ratio8 * T(24) + 0.03 + 0.015)  # drafter line through depths 2 and 5
     assert float(costs.seconds(12, 3)[2]) > float(costs.seconds(11, 3)[2])  # ties go to the larger size
     assert float(costs.seconds(8, 3)[2]) == pytest.approx(0.1)  # measured at R itself: as measured
@@ -99,3 +102,26 @@ def test_a_step_measured_beyond_the_table_is_not_borrowed():
     got = costs.seconds(8, 7)  # 64 tokens: allowed; the nearest R' = 9 lies outside the table there, so R' = 4
     assert float(got[7]) == pytest.approx(0.2 * T(64) / T(32))
     assert bool((got > 0).all())
+
+
+def test_borrowing_scales_by_the_interpolated_table_not_its_staircase():
+    """Probes every 32 tokens: R = 63 at depth 1 is 126 tokens, which the floor lookup puts on the 96-token probe,
+    while R' = 64 (128 tokens) sits on its own. Scaling a measured R' = 64 step by the floor ratio priced R = 63 at
+    0.76x; the interpolated ratio keeps it where the table says, just under R' = 64's."""
+    tokens = list(range(32, 513, 32))
+    T = lambda n: 0.01 + 0.001 * n  # noqa: E731
+    costs = StepCosts(StepTimeTable(tokens, [1.0 / T(n) for n in tokens], 512))
+    costs.observe(64, 1, step_seconds=1.2, draft_seconds=0.1)
+    got = float(costs.seconds(63, 7)[1])
+    assert got == pytest.approx(1.2 * T(126) / T(128))
+    assert 0.98 * 1.2 < got < 1.2
+
+
+def test_no_depth_is_priced_above_a_deeper_one():
+    """A plain step borrowed from a far batch size must not cost more than a drafting step measured nearby."""
+    costs = StepCosts(StepTimeTable([32, 64], [3.0, 2.0], max_batch_tokens=512))  # flat below 32 tokens
+    costs.observe(32, 0, step_seconds=0.33)
+    costs.observe(4, 1, step_seconds=0.2, draft_seconds=0.05)
+    got = costs.seconds(6, 7)
+    assert float(got[0]) == pytest.approx(float(got[1])) and float(got[1]) < 0.33
+    assert bool((got[1:] >= got[:-1]).all())

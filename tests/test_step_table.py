@@ -84,6 +84,13 @@ def test_floor_lookup_at_below_and_above_probes():
         assert table.steps_per_sec_range(start, stop).tolist() == [table.steps_per_sec(i) for i in range(start, stop)]
 
 
+
+def test_interpolated_seconds_are_linear_between_probes_and_flat_outside():
+    table = StepTimeTable([4, 8, 16], [50.0, 40.0, 20.0], max_batch_tokens=32)
+    got = table.seconds_interpolated(torch.tensor([1, 4, 6, 8, 12, 16, 30]))
+    assert got.tolist() == pytest.approx([0.02, 0.02, 0.0225, 0.025, 0.0375, 0.05, 0.05])
+
+
 @pytest.mark.parametrize(
     "data, message",
     [
