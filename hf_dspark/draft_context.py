@@ -36,15 +36,12 @@ class DraftContext:
         self.max_pending = max_pending
         self._kv: KVCache | None = None  # per drafter layer (keys, values) [R, Hk, P, D]: projected columns
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (taps [R, T, m*H], positions [R, T])
-
-    @property
-    def num_pending(self) -> int:
-        """Columns recorded but not projected yet."""
-        return sum(t.shape[1] for t, _ in self._pending)
+        self.num_pending = 0  # columns recorded but not projected yet (the widths of _pending)
 
     def append(self, taps: torch.Tensor, positions: torch.Tensor) -> None:
         """Record new cache columns: taps [R, T, m*H] (the target's tapped layers, concatenated) at positions [R, T]."""
         self._pending.append((taps, positions))
+        self.num_pending += taps.shape[1]
         if self.num_pending > self.max_pending:
             self.kv()
 
@@ -56,7 +53,7 @@ class DraftContext:
             self._kv = new if self._kv is None else [
                 (torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(self._kv, new)
             ]
-            self._pending = []
+            self._pending, self.num_pending = [], 0
         if self._kv is None:
             raise RuntimeError("The drafter context is empty: append the prompt's taps before drafting.")
         return self._kv
@@ -79,6 +76,7 @@ class DraftContext:
             else:
                 self._pending[-1] = (taps[:, :-cut], positions[:, :-cut])
             tail -= cut
+            self.num_pending -= cut
         if tail > 0 and self._kv is not None:
             self._kv = [(k[:, :, :-tail], v[:, :, :-tail]) for k, v in self._kv]
 

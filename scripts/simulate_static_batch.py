@@ -6,7 +6,8 @@ Each request needs `--max-new-tokens` tokens; a step at depth L costs `verify0 +
 drafter pass `draft0 + draft_per_depth * L` (defaults fitted by hand to this CPU's batch-64 step times: plain step
 ~0.55 s, depth 4 ~1.95 s), every draft survives with probability alpha, finished requests leave the batch. Prints
 each rule's throughput relative to plain decoding, averaged over `--trials` seeds. Used to ask whether the per-step
-rate rule (what `best_depth` maximizes) loses to ragged finishes when the costs are known exactly.
+rate rule (what `best_depth` maximizes) loses to ragged finishes when the costs are known exactly, and what the
+ragged-finish gate (`static_batch=True`, as `AdaptiveVerification` uses it) changes.
 """
 
 import argparse
@@ -35,9 +36,12 @@ def main() -> None:
     def cost(R: int, L: int) -> float:
         return a.verify0 + a.per_token * R * (L + 1) + (a.draft0 + a.draft_per_depth * L if L else 0.0)
 
-    def rate_rule(left: list[int]) -> int:  # the scheduler's rule, with the costs known exactly
-        seconds = torch.tensor([cost(len(left), L) for L in range(B + 1)], dtype=torch.float64)
-        return best_depth(survival, seconds, usable=torch.tensor(left) - 1)
+    def rule(static_batch: bool):  # the scheduler's rule, with the costs known exactly
+        def choose(left: list[int]) -> int:
+            seconds = torch.tensor([cost(len(left), L) for L in range(B + 1)], dtype=torch.float64)
+            return best_depth(survival, seconds, usable=torch.tensor(left) - 1, static_batch=static_batch)
+
+        return choose
 
     def run(R: int, rule, rng: random.Random) -> float:
         left, seconds = [a.max_new_tokens] * R, 0.0
@@ -54,7 +58,8 @@ def main() -> None:
             left = nxt
         return seconds
 
-    rules = {f"depth {L}": (lambda left, L=L: L) for L in (0, 2, 4, B)} | {"rate rule": rate_rule}
+    rules = {f"depth {L}": (lambda left, L=L: L) for L in (0, 2, 4, B)}
+    rules |= {"rate rule": rule(static_batch=False), "with ragged-finish gate": rule(static_batch=True)}
     for R in (int(x) for x in a.batch_sizes.split(",")):
         times = {name: sum(run(R, rule, random.Random(i)) for i in range(a.trials)) for name, rule in rules.items()}
         print(f"batch {R:3d}: " + "  ".join(f"{name} {times['depth 0'] / t:.2f}x" for name, t in times.items()))

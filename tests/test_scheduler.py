@@ -488,3 +488,23 @@ def test_warm_up_drafts_the_best_depth_under_the_prior():
     assert warm_up(geometric_survival(1.108, 7)) == 1  # the shipped drafter's calibration tau
     assert warm_up(geometric_survival(6.5, 7)) == 7
     assert warm_up(geometric_survival(6.5, 4)) == 7  # a prior for another block size is ignored
+
+
+def test_static_batch_gate_drafts_only_when_it_pays_after_the_ragged_finish():
+    """16 requests with 32 tokens to go: drafting that wins 10% per step loses it to ragged finishes (the call
+    waits for the slowest request), so the gate keeps the plain step; a 50% win still drafts, at the same depth.
+    One request has nobody to wait for: the gate changes nothing."""
+    survival = (0.8 ** torch.arange(1, 8, dtype=torch.float64))[None]  # [1, 7]
+    per_row = 1 + float(survival[0, :3].sum())  # committed tokens per request at depth 3
+
+    def seconds(gain):  # only depth 3 allowed besides plain; it commits per_row tokens for (per_row / gain) steps
+        return torch.tensor([1.0, math.inf, math.inf, per_row / gain] + [math.inf] * 4)
+
+    many, one = torch.full((16,), 31), torch.full((1,), 31)
+    assert best_depth(survival, seconds(1.1), usable=many) == 3  # the per-step rule drafts
+    assert best_depth(survival, seconds(1.1), usable=many, static_batch=True) == 0
+    assert best_depth(survival, seconds(1.5), usable=many, static_batch=True) == 3
+    assert best_depth(survival, seconds(1.1), usable=one, static_batch=True) == 3
+    assert best_depth(survival, seconds(1.1), num_requests=16, static_batch=True) == 3  # no budget known: no gate
+    long = torch.full((16,), 4000)  # long generations: the ragged finish is a small share of the call
+    assert best_depth(survival, seconds(1.1), usable=long, static_batch=True) == 3
