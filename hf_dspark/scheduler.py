@@ -515,7 +515,7 @@ class AdaptiveVerification(VerifyPolicy):
       While skipping it drafts anyway (a probe at the best depth >= 1) after `probe_every` skipped steps,
       doubling the interval after each probe that confirms the skip, up to `max_probe_every`, and never before the
       probe's predicted extra seconds (over a plain step) are at most `probe_budget` of the seconds spent in the
-      skipped steps (a probe at batch 64 costs ~2 plain steps on a CPU; at batch 1 a fraction of one);
+      skipped steps (a depth-1 probe at batch 64 cost ~2 extra plain steps on a CPU; at batch 1 a fraction of one);
     - every request verifies the L drafts; their calibrated confidences become the survival for the next
       decision (positions beyond L repeat the last drafted position's conditional confidence);
     - the survival is kept honest by what verification found: it is scaled by rho = (accepted + 1) / (predicted
@@ -523,8 +523,8 @@ class AdaptiveVerification(VerifyPolicy):
       capped at 1. A head that is overconfident on this traffic (its calibration was fitted elsewhere) would
       otherwise keep the scheduler drafting for nothing; a calibrated head gets rho ~ 1;
     - the first drafted step, with no survival yet, drafts the best depth >= 1 under `prior_survival` (e.g.
-      `geometric_survival` of the drafter's held-out tau), or the full block without a prior (a full block at
-      batch 64 costs ~8 plain steps on a CPU).
+      `geometric_survival` of the drafter's held-out tau), or the full block without a prior (a full-block step at
+      batch 64 costs ~5 plain steps on a CPU).
     Every choice uses earlier steps only: exact.
 
     With `carry_over=True`, `reset()` keeps the survival and the probe interval, so the next generate call

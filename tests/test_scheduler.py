@@ -480,7 +480,7 @@ def test_geometric_prior_matches_the_drafters_measured_tau():
 
 def test_warm_up_drafts_the_best_depth_under_the_prior():
     """Before any drafted step the scheduler knows only the drafter's held-out tau: a weak drafter warms up with
-    one draft instead of the full block (a full block at batch 64 costs ~8 plain steps on a CPU)."""
+    one draft instead of the full block (a full-block step at batch 64 costs ~5 plain steps on a CPU)."""
     table = StepTimeTable([1, 8], [10.0, 9.0], max_batch_tokens=64)
     costs = FixedStepCosts([0.1] + [0.15 + 0.01 * L for L in range(1, 8)])
     warm_up = lambda prior: AdaptiveVerification(table, costs=costs, prior_survival=prior).draft_depth(1, 7)  # noqa: E731
