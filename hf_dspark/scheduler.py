@@ -608,9 +608,12 @@ class AdaptiveVerification(VerifyPolicy):
         self._skipped += 1
         if self._skipped <= self._interval:
             return 0
+        allowance = self.probe_budget * self._skipped_s  # extra seconds a probe may cost now
+        if self.probe_budget < math.inf and not float(seconds[1:].min() - seconds[0]) <= allowance:
+            return 0  # even the cheapest probe would cost more than its share of the time spent skipping
         probe = _drafting_depth(survival, seconds, num_requests, usable)
-        if self.probe_budget < math.inf and not float(seconds[probe] - seconds[0]) <= self.probe_budget * self._skipped_s:
-            return 0  # probing now would cost more than its share of the time spent skipping
+        if self.probe_budget < math.inf and not float(seconds[probe] - seconds[0]) <= allowance:
+            return 0
         self._skipped, self._skipped_s, self._interval = 0, 0.0, min(2 * self._interval, self.max_probe_every)
         return probe
 

@@ -21,8 +21,9 @@ measured:
   measured, proportional to L (optimistic for shallower depths, so the scheduler tries them and learns);
 - a depth measured at other batch sizes but not at R: the nearest such batch size's measured step, scaled by the
   table (T_R(R (L + 1)) / T_R'(R' (L + 1)), interpolated between the table's probes: with a floor lookup, R = 63
-  at depth 1 (126 tokens) fell to the 96-token probe and was priced 36% below R = 64). Rows finish one by one, so a static batch's tail walks R down through
-  sizes the scheduler has not seen yet; without this, each new R would explore the depths afresh;
+  at depth 1 (126 tokens) fell to the 96-token probe and was priced 36% below R = 64). Rows finish one by one, so
+  a static batch's tail walks R down through sizes the scheduler has not seen yet; without this, each new R would
+  explore the depths afresh;
 - a depth measured nowhere: a batch size never measured borrows the ratio and the line of the nearest measured one;
 - finally no depth is priced above a deeper one (a step at depth L does a subset of a step at L + 1's work): the
   estimates above come from different cells, and at a static batch's tail a plain step borrowed from R' = 32 was
