@@ -157,17 +157,22 @@ class Bench:
         if contender == "dspark":
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, adaptive_verification=False)
         if contender == "dspark_adaptive":
-            from .scheduler import AdaptiveVerification, geometric_survival, prior_survival
-
-            B = self.drafter.config.block_size
-            if self.synthetic_acceptance:  # synthetic confidences are calibrated by construction, tau known
-                temps, prior = None, geometric_survival(1 + sum(self.synthetic_acceptance ** k for k in range(1, B + 1)), B)
-            else:
-                temps, prior = (self.drafter.calibration or {}).get("temperatures"), prior_survival(self.drafter.calibration, B)
-            # one scheduler per contender and batch size, kept across calls like an engine's (carry_over)
-            policy = AdaptiveVerification(self.step_table(), temperatures=temps, carry_over=True, prior_survival=prior)
+            policy = self.adaptive_policy()  # one scheduler per contender and batch size
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, verify_policy=policy)
         raise ValueError(f"Unknown contender {contender!r}; choose from {', '.join(CONTENDERS + tuple(self.custom_runners))}.")
+
+    def adaptive_policy(self):
+        """The `dspark_adaptive` contender's scheduler: the drafter's calibration and held-out tau as the prior (with
+        synthetic drafts: uncalibrated confidences, which are exact by construction, and the synthetic tau), kept
+        across calls like an engine's (carry_over)."""
+        from .scheduler import AdaptiveVerification, geometric_survival, prior_survival
+
+        B = self.drafter.config.block_size
+        if self.synthetic_acceptance:
+            temps, prior = None, geometric_survival(1 + sum(self.synthetic_acceptance**k for k in range(1, B + 1)), B)
+        else:
+            temps, prior = (self.drafter.calibration or {}).get("temperatures"), prior_survival(self.drafter.calibration, B)
+        return AdaptiveVerification(self.step_table(), temperatures=temps, carry_over=True, prior_survival=prior)
 
     def step_table(self):
         """Profiled fresh for this run's batch sizes (a cached table may cover other sizes)."""

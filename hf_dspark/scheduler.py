@@ -594,12 +594,12 @@ class AdaptiveVerification(VerifyPolicy):
 
     def draft_depth(self, num_requests: int, block_size: int, usable: Tensor | None = None) -> int:
         self._block_size, self._usable = block_size, usable
-        if self._survival is None or self._survival.shape[1] != block_size:  # warm-up: nothing drafted yet
-            if self.prior_survival is None or self.prior_survival.shape[1] != block_size:
-                return block_size
-            seconds = self.costs.seconds(num_requests, block_size)
-            return _drafting_depth(self.prior_survival, seconds, num_requests, usable)
+        warm_up = self._survival is None or self._survival.shape[1] != block_size  # nothing drafted yet
+        if warm_up and (self.prior_survival is None or self.prior_survival.shape[1] != block_size):
+            return block_size
         seconds = self.costs.seconds(num_requests, block_size)  # [B + 1]
+        if warm_up:
+            return _drafting_depth(self.prior_survival, seconds, num_requests, usable)
         survival = (self._survival * self.acceptance_ratio).clamp_(max=1.0) if self._outcomes else self._survival
         depth = best_depth(survival, seconds, num_requests, usable, self.static_batch)
         if depth > 0:
@@ -608,11 +608,12 @@ class AdaptiveVerification(VerifyPolicy):
         self._skipped += 1
         if self._skipped <= self._interval:
             return 0
+        budgeted = self.probe_budget < math.inf
         allowance = self.probe_budget * self._skipped_s  # extra seconds a probe may cost now
-        if self.probe_budget < math.inf and not float(seconds[1:].min() - seconds[0]) <= allowance:
+        if budgeted and not float(seconds[1:].min() - seconds[0]) <= allowance:
             return 0  # even the cheapest probe would cost more than its share of the time spent skipping
         probe = _drafting_depth(survival, seconds, num_requests, usable)
-        if self.probe_budget < math.inf and not float(seconds[probe] - seconds[0]) <= allowance:
+        if budgeted and not float(seconds[probe] - seconds[0]) <= allowance:
             return 0
         self._skipped, self._skipped_s, self._interval = 0, 0.0, min(2 * self._interval, self.max_probe_every)
         return probe

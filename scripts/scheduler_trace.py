@@ -1,6 +1,6 @@
 """Trace the scheduler's decisions step by step on one GSM8K batch: requests R, the depth chosen, the predicted
 seconds of every depth, the acceptance correction rho, then the measured step and drafter seconds and the accepted
-drafts. The scheduler is kept across calls (carry_over), as the bench's `dspark_adaptive` is. The depth is the
+drafts. The scheduler is the bench's `dspark_adaptive` one (`Bench.adaptive_policy`), kept across calls. The depth is the
 scheduler's choice; the loop may lower it (a request's last token drafts nothing: drafter_s=0, accepted=-).
 
     OMP_NUM_THREADS=2 python scripts/scheduler_trace.py --batch-size 64 --calls 3
@@ -13,7 +13,6 @@ import time
 
 from hf_dspark.bench import Bench, default_drafter, load_prompts
 from hf_dspark.modeling import DSparkDrafter
-from hf_dspark.scheduler import AdaptiveVerification
 from hf_dspark.targets import load_target
 from hf_dspark.testing import synthetic_drafts
 
@@ -31,10 +30,8 @@ def main() -> None:
     sizes = sorted({32, args.batch_size})  # the table the bench profiles for its batch 32-64 run
     tokens = [n for n in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512) if n <= 8 * max(sizes)]
     profile_kwargs = {"num_requests": tuple(sizes), "batch_tokens": tokens, "context_len": 128, "repeats": 2, "warmup": 1}
-    bench = Bench(model, tok, drafter, None, args.max_new_tokens, profile_kwargs)
-    policy = AdaptiveVerification(
-        bench.step_table(), temperatures=(drafter.calibration or {}).get("temperatures"), carry_over=True
-    )
+    bench = Bench(model, tok, drafter, None, args.max_new_tokens, profile_kwargs, args.synthetic_acceptance)
+    policy = bench.adaptive_policy()
     choose, observe, trace = policy.draft_depth, policy.observe_step, []
 
     def traced_depth(n, block_size, usable=None):
