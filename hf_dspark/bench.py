@@ -60,7 +60,7 @@ class Record:
     verified_drafts_per_request: float = float("nan")
     scheduler_ms_per_step: float = float("nan")  # time in the verify policy per decoding step (our loop only)
     p_slower: float = float("nan")  # one-sided Wilcoxon signed-rank p that it is slower than plain (paired calls)
-    step_trace: list[list[list[float]]] = field(default_factory=list)  # last pass, per call: [R, verified/req, s] per step
+    step_trace: list[list[list[list[float]]]] = field(default_factory=list)  # [pass][call][step] = [R, verified/req, s]
     identical_to_plain: bool | None = None
     new_tokens: int = 0
     repeats_s: list[float] = field(default_factory=list)  # seconds of each timed pass
@@ -207,6 +207,7 @@ class Bench:
         timed = [r for r in records if r.supported]
         outputs = {r.contender: [None] * len(encoded) for r in timed}  # of the last pass
         stats = {r.contender: [[] for _ in encoded] for r in timed}  # drafter stats of the last pass
+        traces = {r.contender: [] for r in timed}  # [pass][call][step] of every pass
         for p in tqdm(range(repeats), desc=f"{prompt_set} bs={batch_size}", leave=False):
             for rec in timed:
                 rec.calls_s.append([])
@@ -215,6 +216,9 @@ class Bench:
                 k = (p * len(encoded) + b) % len(timed)
                 for rec in timed[k:] + timed[:k]:
                     outputs[rec.contender][b], stats[rec.contender][b] = self._timed_call(runs[rec.contender], enc, rec)
+            for rec in timed:
+                if done := [s for per_batch in stats[rec.contender] for s in per_batch]:
+                    traces[rec.contender].append([_trace(s) for s in done])
         for rec in timed:
             new = [  # new tokens per row, all batches of the last pass
                 n for out, enc in zip(outputs[rec.contender], encoded)
@@ -235,9 +239,7 @@ class Bench:
                 merged = type(done[0])(block_size=done[0].block_size, accepted_lengths=accepted, verified_lengths=verified)
                 rec.per_position_acceptance = merged.per_position_acceptance
                 rec.scheduler_ms_per_step = 1000 * sum(s.policy_time_s for s in done) / max(1, sum(s.steps for s in done))
-                rec.step_trace = [
-                    [[n, v, t] for n, v, t in zip(s.rows_per_step, s.verified_per_step, s.step_seconds)] for s in done
-                ]
+                rec.step_trace = traces[rec.contender]
         compare_with_plain(records)
         return records
 
@@ -277,6 +279,11 @@ class Bench:
         rec.calls_s[-1].append(seconds)
         rec.calls_ttft_s[-1].append(first_forward_end[0] - t0 if first_forward_end else 0.0)
         return out, [d.last_stats for d in drafters if d.last_stats is not None]
+
+
+def _trace(stats) -> list[list[float]]:
+    """[R, verified drafts per request, seconds] of each step of one call."""
+    return [[n, v, t] for n, v, t in zip(stats.rows_per_step, stats.verified_per_step, stats.step_seconds)]
 
 
 def compare_with_plain(records: list[Record]) -> None:

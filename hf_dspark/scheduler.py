@@ -522,9 +522,10 @@ class AdaptiveVerification(VerifyPolicy):
       + 1) over the last `acceptance_window` drafted steps (predicted = the sum of the verified slots' survival),
       capped at 1. A head that is overconfident on this traffic (its calibration was fitted elsewhere) would
       otherwise keep the scheduler drafting for nothing; a calibrated head gets rho ~ 1;
-    - the first drafted step, with no survival yet, drafts the best depth >= 1 under `prior_survival` (e.g.
-      `geometric_survival` of the drafter's held-out tau), or the full block without a prior (a full-block step at
-      batch 64 costs ~5 plain steps on a CPU).
+    - until a step has drafted, the survival is `prior_survival` (e.g. `geometric_survival` of the drafter's
+      held-out tau): a weak drafter under load starts with plain steps and the probe schedule, as if it had been
+      skipping (forcing a first draft cost ~2 plain steps at batch 64 on a CPU); without a prior the first step
+      drafts the full block (~5 plain steps at batch 64).
     Every choice uses earlier steps only: exact.
 
     With `carry_over=True`, `reset()` keeps the survival and the probe interval, so the next generate call
@@ -538,7 +539,7 @@ class AdaptiveVerification(VerifyPolicy):
         carry_over: keep survival and probe state across generate calls.
         costs: the step-cost model (default `StepCosts(table)`, learning from the loop's timings).
         acceptance_window: drafted steps whose accepted / predicted drafts correct the survival (0: no correction).
-        prior_survival: [B] survival assumed before any step drafted (None: the warm-up drafts the full block).
+        prior_survival: [B] survival assumed until a step has drafted (None: the first step drafts the full block).
         probe_budget: most of the skipped steps' time that one probe's extra cost may take (0.03 = 3%; math.inf:
             probe every `probe_every`.. `max_probe_every` skipped steps whatever a probe costs).
         static_batch: gate drafting by the ragged finish of a static batch (`best_depth`); True for generate(),
@@ -594,13 +595,13 @@ class AdaptiveVerification(VerifyPolicy):
 
     def draft_depth(self, num_requests: int, block_size: int, usable: Tensor | None = None) -> int:
         self._block_size, self._usable = block_size, usable
-        warm_up = self._survival is None or self._survival.shape[1] != block_size  # nothing drafted yet
-        if warm_up and (self.prior_survival is None or self.prior_survival.shape[1] != block_size):
-            return block_size
+        if self._survival is not None and self._survival.shape[1] == block_size:
+            survival = (self._survival * self.acceptance_ratio).clamp_(max=1.0) if self._outcomes else self._survival
+        elif self.prior_survival is not None and self.prior_survival.shape[1] == block_size:
+            survival = self.prior_survival  # nothing drafted yet: the drafter's held-out tau says what to expect
+        else:
+            return block_size  # nothing drafted yet and no prior: warm up with the full block
         seconds = self.costs.seconds(num_requests, block_size)  # [B + 1]
-        if warm_up:
-            return _drafting_depth(self.prior_survival, seconds, num_requests, usable)
-        survival = (self._survival * self.acceptance_ratio).clamp_(max=1.0) if self._outcomes else self._survival
         depth = best_depth(survival, seconds, num_requests, usable, self.static_batch)
         if depth > 0:
             self._skipped, self._skipped_s, self._interval = 0, 0.0, self.probe_every

@@ -109,7 +109,8 @@ def test_run_interleaves_calls_and_splits_prefill(smollm2, monkeypatch):
     assert lo <= dspark.speedup_vs_plain <= hi and dspark.decode_speedup_vs_plain > 0
     assert dspark.verified_drafts_per_request > 0 and plain.verified_drafts_per_request != plain.verified_drafts_per_request
     assert dspark.scheduler_ms_per_step >= 0 and plain.scheduler_ms_per_step != plain.scheduler_ms_per_step
-    assert len(dspark.step_trace) == 2 and all(len(steps) >= 1 and steps[0][0] == 1 for steps in dspark.step_trace)
+    assert len(dspark.step_trace) == 2 and all(len(calls) == 2 for calls in dspark.step_trace)  # [pass][call][step]
+    assert all(len(steps) >= 1 and steps[0][0] == 1 for calls in dspark.step_trace for steps in calls)
     assert plain.step_trace == []
 
 

@@ -478,16 +478,25 @@ def test_geometric_prior_matches_the_drafters_measured_tau():
     assert prior_survival({"source": {"tau": "n/a"}}, 7) is None
 
 
-def test_warm_up_drafts_the_best_depth_under_the_prior():
-    """Before any drafted step the scheduler knows only the drafter's held-out tau: a weak drafter warms up with
-    one draft instead of the full block (a full-block step at batch 64 costs ~5 plain steps on a CPU)."""
+def test_before_any_draft_the_prior_is_the_survival():
+    """Before any drafted step the scheduler knows only the drafter's held-out tau: where drafting is cheap a weak
+    drafter drafts one token, a strong one the full block; where a draft costs 60% of a plain step the weak one
+    starts with plain steps and the probe schedule (forcing a first draft cost ~2 plain steps at batch 64 on a CPU).
+    Without a prior the first step drafts the full block."""
     table = StepTimeTable([1, 8], [10.0, 9.0], max_batch_tokens=64)
-    costs = FixedStepCosts([0.1] + [0.15 + 0.01 * L for L in range(1, 8)])
-    warm_up = lambda prior: AdaptiveVerification(table, costs=costs, prior_survival=prior).draft_depth(1, 7)  # noqa: E731
-    assert warm_up(None) == 7
-    assert warm_up(geometric_survival(1.108, 7)) == 1  # the shipped drafter's calibration tau
-    assert warm_up(geometric_survival(6.5, 7)) == 7
-    assert warm_up(geometric_survival(6.5, 4)) == 7  # a prior for another block size is ignored
+    cheap = FixedStepCosts([0.1] + [0.1 + 0.002 * L for L in range(1, 8)])
+    dear = FixedStepCosts([0.1] + [0.15 + 0.01 * L for L in range(1, 8)])
+    first = lambda prior, costs: AdaptiveVerification(table, costs=costs, prior_survival=prior, probe_budget=math.inf).draft_depth(1, 7)  # noqa: E731
+    weak, strong = geometric_survival(1.108, 7), geometric_survival(6.5, 7)  # weak: the shipped drafter's tau
+    assert first(None, dear) == 7
+    assert first(weak, cheap) == 1 and first(strong, cheap) == 7 and first(strong, dear) == 7
+    assert first(geometric_survival(6.5, 4), dear) == 7  # a prior for another block size is ignored
+    policy = AdaptiveVerification(table, costs=dear, prior_survival=weak, probe_budget=math.inf)
+    depths = []
+    for _ in range(5):
+        depths.append(policy.draft_depth(1, 7))
+        policy.observe_step(1, depths[-1], 0.1, 0.0)
+    assert depths == [0, 0, 0, 0, 1]  # skips like a scheduler that measured a weak drafter, then probes
 
 
 def test_static_batch_gate_drafts_only_when_it_pays_after_the_ragged_finish():
