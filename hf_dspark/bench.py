@@ -133,6 +133,7 @@ class Bench:
         eos = model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos])
         self._table = None
+        self._adaptive = None  # the dspark_adaptive contender's scheduler (adaptive_policy)
 
     def encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         texts = [self.tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in prompts]
@@ -157,14 +158,18 @@ class Bench:
         if contender == "dspark":
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, adaptive_verification=False)
         if contender == "dspark_adaptive":
-            policy = self.adaptive_policy()  # one scheduler per contender and batch size
+            policy = self.adaptive_policy()
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, verify_policy=policy)
         raise ValueError(f"Unknown contender {contender!r}; choose from {', '.join(CONTENDERS + tuple(self.custom_runners))}.")
 
     def adaptive_policy(self):
         """The `dspark_adaptive` contender's scheduler: the drafter's calibration and held-out tau as the prior (with
-        synthetic drafts: uncalibrated confidences, which are exact by construction, and the synthetic tau), kept
-        across calls like an engine's (carry_over)."""
+        synthetic drafts: uncalibrated confidences, which are exact by construction, and the synthetic tau). One per
+        bench, kept across calls and batch sizes (carry_over) like the one `generate()` keeps per drafter: its
+        measured step costs at one batch size price the next (with a scheduler per batch size, the first timed pass
+        at synthetic batch 4 ran at 0.87x of the full block at e7e5698, the later passes at ~0.98x)."""
+        if self._adaptive is not None:
+            return self._adaptive
         from .scheduler import AdaptiveVerification, geometric_survival, prior_survival
 
         B = self.drafter.config.block_size
@@ -172,7 +177,8 @@ class Bench:
             temps, prior = None, geometric_survival(1 + sum(self.synthetic_acceptance**k for k in range(1, B + 1)), B)
         else:
             temps, prior = (self.drafter.calibration or {}).get("temperatures"), prior_survival(self.drafter.calibration, B)
-        return AdaptiveVerification(self.step_table(), temperatures=temps, carry_over=True, prior_survival=prior)
+        self._adaptive = AdaptiveVerification(self.step_table(), temperatures=temps, carry_over=True, prior_survival=prior)
+        return self._adaptive
 
     def step_table(self):
         """Profiled fresh for this run's batch sizes (a cached table may cover other sizes)."""

@@ -311,13 +311,14 @@ def generate(
         n = rows.numel()
         step_start = time.perf_counter()
         # ---- draft (only as deep as the policy wants and some row can still use)
-        hist = [torch.tensor(generated[int(r)], dtype=torch.long, device=device) for r in rows]
+        row_ids = rows.tolist()
 
-        def prefix(i: int, drafts: torch.Tensor, _rows=rows, _hist=hist) -> tuple[int, torch.Tensor]:
-            row = int(_rows[i])
-            return row, torch.cat([prompt_rows[row], _hist[i], drafts])
+        def prefix(i: int, drafts: torch.Tensor, _rows=row_ids) -> tuple[int, torch.Tensor]:
+            """(row, prompt + generated + drafts) for logits processors that read the prefix."""
+            row = _rows[i]
+            return row, torch.cat([prompt_rows[row], torch.tensor(generated[row], dtype=torch.long, device=device), drafts])
 
-        remaining = torch.tensor([budget - len(generated[int(r)]) for r in rows], device=device)
+        remaining = torch.tensor([budget - len(generated[r]) for r in row_ids], device=device)
         cap = (remaining - 1).clamp(min=0)  # never verify more than the row can still emit
         if num_speculative_tokens is not None:
             cap = cap.clamp(max=num_speculative_tokens)
@@ -350,16 +351,18 @@ def generate(
         verify_ids, verify_pos, valid = build_verify_inputs(anchor, draft.tokens, lengths, anchor_pos, pad_id)
         logits = target_forward(verify_ids, torch.cat([ctx_valid, valid], dim=1), verify_pos, cache)
         logits = logits.float()  # [R, width, V]
-        flat_rows = torch.arange(n, device=device).repeat_interleave(lengths + 1)
-        flat_pos = torch.cat([torch.arange(int(l) + 1, device=device) for l in lengths])
+        flat_rows = torch.arange(n, device=device).repeat_interleave(lengths + 1)  # [T]: row of each verified slot
+        starts = (lengths + 1).cumsum(0) - (lengths + 1)  # [R]: first flat slot of each row
+        flat_pos = torch.arange(flat_rows.numel(), device=device) - starts[flat_rows]  # [T]: 0..l_r within the row
         flat_logits = logits[flat_rows, flat_pos]  # [T, V]
         flat_prefix = lambda j: prefix(int(flat_rows[j]), draft.tokens[int(flat_rows[j]), : int(flat_pos[j])])
         cu = torch.zeros(n + 1, dtype=torch.long, device=device)
         cu[1:] = lengths.cumsum(0)
-        draft_ids = torch.cat([draft.tokens[i, : int(lengths[i])] for i in range(n)])
+        verified = torch.arange(draft.tokens.shape[1], device=device) < lengths[:, None]  # [R, depth]
+        draft_ids = draft.tokens[verified]  # [sum l_r], row by row
         if gen.do_sample:
             target_probs = processing.probs(flat_logits, flat_prefix if processing.reads_prefix else None)
-            draft_probs = torch.cat([draft.q[i, : int(lengths[i])] for i in range(n)]) if draft.q is not None else None
+            draft_probs = draft.q[verified] if draft.q is not None else None  # [sum l_r, V]
             uniforms = torch.rand(draft_ids.shape[0], device=device)
             noise = torch.empty((n, target_probs.shape[1]), device=device).exponential_()
             emitted, num_acc = rejection_sample(target_probs, draft_ids, draft_probs, cu, uniforms, noise, greedy=False)
@@ -381,7 +384,7 @@ def generate(
             stats.num_verified.append(lengths.cpu())
 
         # ---- commit, then roll back caches to [anchor + accepted drafts] per row
-        chunks = [emitted[i, : int(num_acc[i]) + 1].tolist() for i in range(n)]
+        chunks = [e[: a + 1] for e, a in zip(emitted.tolist(), num_acc.tolist())]
         active = _commit(generated, rows, chunks, eos, budget, other_criteria, prompt_rows, streamer)
         keep = torch.arange(width, device=device)[None, :] <= num_acc[:, None]  # [R, width]
         ctx_valid = torch.cat([ctx_valid, keep & valid], dim=1)
