@@ -312,11 +312,14 @@ def generate(
         step_start = time.perf_counter()
         # ---- draft (only as deep as the policy wants and some row can still use)
         row_ids = rows.tolist()
+        hist: dict[int, torch.Tensor] = {}  # row -> its generated tokens, built when a processor first asks
 
-        def prefix(i: int, drafts: torch.Tensor, _rows=row_ids) -> tuple[int, torch.Tensor]:
+        def prefix(i: int, drafts: torch.Tensor, _rows=row_ids, _hist=hist) -> tuple[int, torch.Tensor]:
             """(row, prompt + generated + drafts) for logits processors that read the prefix."""
             row = _rows[i]
-            return row, torch.cat([prompt_rows[row], torch.tensor(generated[row], dtype=torch.long, device=device), drafts])
+            if row not in _hist:
+                _hist[row] = torch.tensor(generated[row], dtype=torch.long, device=device)
+            return row, torch.cat([prompt_rows[row], _hist[row], drafts])
 
         remaining = torch.tensor([budget - len(generated[r]) for r in row_ids], device=device)
         cap = (remaining - 1).clamp(min=0)  # never verify more than the row can still emit
@@ -351,23 +354,24 @@ def generate(
         verify_ids, verify_pos, valid = build_verify_inputs(anchor, draft.tokens, lengths, anchor_pos, pad_id)
         logits = target_forward(verify_ids, torch.cat([ctx_valid, valid], dim=1), verify_pos, cache)
         logits = logits.float()  # [R, width, V]
-        flat_rows = torch.arange(n, device=device).repeat_interleave(lengths + 1)  # [T]: row of each verified slot
-        starts = (lengths + 1).cumsum(0) - (lengths + 1)  # [R]: first flat slot of each row
-        flat_pos = torch.arange(flat_rows.numel(), device=device) - starts[flat_rows]  # [T]: 0..l_r within the row
-        flat_logits = logits[flat_rows, flat_pos]  # [T, V]
-        flat_prefix = lambda j: prefix(int(flat_rows[j]), draft.tokens[int(flat_rows[j]), : int(flat_pos[j])])
-        cu = torch.zeros(n + 1, dtype=torch.long, device=device)
-        cu[1:] = lengths.cumsum(0)
-        verified = torch.arange(draft.tokens.shape[1], device=device) < lengths[:, None]  # [R, depth]
-        draft_ids = draft.tokens[verified]  # [sum l_r], row by row
+        slot = torch.arange(width, device=device)  # [width]: 0 = the anchor, k = draft k - 1
+        verified = slot[None, :] <= lengths[:, None]  # [R, width]: the anchor and the verified drafts
+        flat_logits = logits[verified]  # [T, V], row by row (T = R + sum l_r)
+        flat_prefix = None
+        if processing.reads_prefix:
+            flat_slots = verified.nonzero().tolist()  # [T] of (row, slot)
+            flat_prefix = lambda j: prefix(flat_slots[j][0], draft.tokens[flat_slots[j][0], : flat_slots[j][1]])
+        cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))  # [R + 1] cumulative draft counts
+        drafted = verified[:, 1:]  # [R, width - 1]: the verified drafts
+        draft_ids = draft.tokens[:, : width - 1][drafted]  # [sum l_r], row by row
         if gen.do_sample:
-            target_probs = processing.probs(flat_logits, flat_prefix if processing.reads_prefix else None)
-            draft_probs = draft.q[verified] if draft.q is not None else None  # [sum l_r, V]
+            target_probs = processing.probs(flat_logits, flat_prefix)
+            draft_probs = draft.q[:, : width - 1][drafted] if draft.q is not None else None  # [sum l_r, V]
             uniforms = torch.rand(draft_ids.shape[0], device=device)
             noise = torch.empty((n, target_probs.shape[1]), device=device).exponential_()
             emitted, num_acc = rejection_sample(target_probs, draft_ids, draft_probs, cu, uniforms, noise, greedy=False)
         else:
-            scores = processing(flat_logits, flat_prefix if processing.reads_prefix else None)
+            scores = processing(flat_logits, flat_prefix)
             emitted, num_acc = rejection_sample(scores, draft_ids, None, cu, None, None, greedy=True)
         stats.verify_time_s += time.perf_counter() - t0
 
@@ -386,7 +390,7 @@ def generate(
         # ---- commit, then roll back caches to [anchor + accepted drafts] per row
         chunks = [e[: a + 1] for e, a in zip(emitted.tolist(), num_acc.tolist())]
         active = _commit(generated, rows, chunks, eos, budget, other_criteria, prompt_rows, streamer)
-        keep = torch.arange(width, device=device)[None, :] <= num_acc[:, None]  # [R, width]
+        keep = slot[None, :] <= num_acc[:, None]  # [R, width]
         ctx_valid = torch.cat([ctx_valid, keep & valid], dim=1)
         anchor = emitted[torch.arange(n, device=device), num_acc]
         anchor_pos = anchor_pos + num_acc + 1
@@ -435,8 +439,10 @@ def _trim(cache: DynamicCache, context: DraftContext, ctx_valid: torch.Tensor) -
     """Crop trailing holes common to all rows; compact when the longest row carries too many holes -> ctx_valid."""
     if ctx_valid.shape[0] == 0:
         return ctx_valid
-    valid_any = ctx_valid.any(0)
-    tail = int(ctx_valid.shape[1] - (valid_any.nonzero().max() + 1)) if valid_any.any() else 0
+    tail = 0
+    if not bool(ctx_valid[:, -1].any()):  # the last column is a hole in every row: find where the holes start
+        valid_any = ctx_valid.any(0)
+        tail = int(ctx_valid.shape[1] - (valid_any.nonzero().max() + 1)) if valid_any.any() else 0
     if tail > 0:
         cache.crop(-tail)
         context.crop(tail)

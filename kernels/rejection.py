@@ -51,7 +51,10 @@ def rejection_sample(
     if R <= 0:
         return (torch.empty((0, 1), dtype=torch.long, device=device),
                 torch.empty((0,), dtype=torch.long, device=device))
-    max_l = int((cu_num_draft[1:] - cu_num_draft[:-1]).max()) if D else 0
+    if D == 0:  # a plain decode step (no drafts): the target's own token, without the ragged bookkeeping
+        final = target_probs.argmax(-1) if greedy else (target_probs.float() / exp_noise.float()).argmax(-1)
+        return final[:, None], torch.zeros(R, dtype=torch.long, device=device)
+    max_l = int((cu_num_draft[1:] - cu_num_draft[:-1]).max())
     args = (target_probs, draft_token_ids, draft_probs, cu_num_draft, uniforms, exp_noise, greedy, max_l)
     if select_backend(backend, target_probs, draft_token_ids, draft_probs, cu_num_draft, uniforms,
                        exp_noise) == "triton":

@@ -1,6 +1,7 @@
 """Decode-only cost of plain steps through our loop (FixedLength(0), no drafter pass) vs generate(): 4 paired calls
-timed by `hf_dspark.bench.Bench` (decode speedup = prefill taken out), then the time per decode step spent outside
-the target's forward (forward hooks; less noisy than the end-to-end ratio), and a cProfile of the decode part.
+timed by `hf_dspark.bench.Bench` (decode speedup = prefill taken out), then the time per decode step spent inside
+and outside the target's forward (forward hooks; the inside part is the same forward for both, so its difference
+is this machine's noise unless our inputs slow it down), and a cProfile of the decode part.
 `OMP_NUM_THREADS=2 python scripts/decode_overhead.py 32` (batch size)."""
 import cProfile
 import pstats
@@ -23,15 +24,17 @@ print(markdown_table([plain, loop]))
 print("decode ratio per pair (plain / loop):", [round(a[0] / b[0], 3) for a, b in zip(decode_seconds(plain), decode_seconds(loop))])
 
 enc = bench.encode(load_prompts("gsm8k", bs))
-for name, run in [("plain", bench.runner("plain")), ("loop_plain_steps", loop_plain)] * 2:  # time outside the forwards
+for name, run in [("plain", bench.runner("plain")), ("loop_plain_steps", loop_plain)] * 2:  # inside / outside the forwards
     spans = []  # [start, end] of each target forward; the first is the prefill
     pre = model.register_forward_pre_hook(lambda *_: spans.append([time.perf_counter(), None]))
     post = model.register_forward_hook(lambda *_: spans[-1].__setitem__(1, time.perf_counter()))
     run(enc)
     end = time.perf_counter()
     pre.remove(), post.remove()
-    outside = end - spans[0][1] - sum(e - s for s, e in spans[1:])
-    print(f"{name}: {1000 * outside / (len(spans) - 1):.1f} ms per decode step outside the target's forward")
+    inside = sum(e - s for s, e in spans[1:])
+    outside = end - spans[0][1] - inside
+    steps = len(spans) - 1
+    print(f"{name}: per decode step {1000 * inside / steps:.0f} ms in the target's forward, {1000 * outside / steps:.1f} ms outside")
 for name, run in [("plain", bench.runner("plain")), ("loop_plain_steps", loop_plain)]:
     profiler, started = cProfile.Profile(), []
 
