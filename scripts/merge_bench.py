@@ -2,7 +2,9 @@
 
     python scripts/merge_bench.py bench_results/load_bs1.json bench_results/load_bs4-64.json --out bench_results/load
 
-writes bench_results/load.json, bench_results/load.md and bench_results/load/*.png.
+writes bench_results/load.json, bench_results/load.md and bench_results/load/*.png. Where both ran, the .md also
+gives the scheduler against the full block: the median of the paired per-call ratios dspark_adaptive / dspark with
+its [min-max], and the one-sided Wilcoxon p that the scheduler is slower than the full block.
 """
 
 import argparse
@@ -10,8 +12,21 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from hf_dspark.bench import Record, compare_with_plain, markdown_table, plot
+from hf_dspark.bench import Record, compare_with_plain, markdown_table, paired_speedup, plot, slower_p_value
 from hf_dspark.io_utils import write_json_atomic
+
+
+def against_full_block(records: list[Record]) -> str:
+    """Lines comparing dspark_adaptive with dspark (the full block) on the same calls, per set and batch size."""
+    by = {(r.prompt_set, r.batch_size, r.contender): r for r in records if r.calls_s}
+    lines = []
+    for (prompt_set, batch, contender), rec in by.items():
+        full = by.get((prompt_set, batch, "dspark"))
+        if contender == "dspark_adaptive" and full is not None:
+            med, lo, hi = paired_speedup(full.calls_s, rec.calls_s)
+            p = slower_p_value(full.calls_s, rec.calls_s)
+            lines.append(f"- {prompt_set} batch {batch}: adaptive / full block {med:.2f} [{lo:.2f}-{hi:.2f}], p slower {p:.3f}")
+    return "\n\n" + "\n".join(lines) if lines else ""
 
 
 def main() -> None:
@@ -22,7 +37,7 @@ def main() -> None:
     records = [Record(**r) for f in args.inputs for r in json.loads(Path(f).read_text())]
     compare_with_plain(records)  # fills in statistics that older files lack (p_slower)
     write_json_atomic(f"{args.out}.json", [asdict(r) for r in records])
-    table = markdown_table(records)
+    table = markdown_table(records) + against_full_block(records)
     Path(f"{args.out}.md").write_text(table + "\n")
     print(table)
     for path in plot(records, args.out):
