@@ -37,11 +37,11 @@ The policies run on CPU (the loop needs host-side lengths to lay out the ragged 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor
 from transformers.utils import logging
@@ -233,17 +233,11 @@ def _stale_values(stale_survival: Tensor, num_requests: int | None) -> tuple[Ten
     return values, R
 
 
-def _usable_slots(usable: Tensor, block_size: int) -> Tensor:
-    """usable [R] drafts each request can still commit -> [R, B] bool, True where slot k < usable[r]."""
-    return torch.arange(block_size, device=usable.device) < usable[:, None]
-
-
 def best_depth(
     stale_survival: Tensor,
     step_seconds: Tensor,
     num_requests: int | None = None,
     usable: Tensor | None = None,
-    static_batch: bool = False,
 ) -> int:
     """The draft depth L that maximizes expected committed tokens per second, judged from stale survival.
 
@@ -253,17 +247,8 @@ def best_depth(
     otherwise: a request one token short of max_new_tokens gains nothing from drafts), and takes step_seconds[L].
     L = 0 is a plain target step without a drafter pass. Returns argmax_L (R + S_L) / step_seconds[L], the smallest
     L on ties. The choice depends only on earlier steps (and the timing model), never on the drafts it leads to, so
-    truncating at L keeps the output exact.
-
-    `static_batch=True` (with `usable`) gates drafting for a batch that runs until its longest request is done
-    (transformers' generate(): nobody joins, the call waits for the slowest request). Plain steps move every request
-    one token in lock step; drafting moves request r by 1 + a_r, a_r random, so the requests that need the most
-    tokens finish raggedly. By the renewal CLT the slowest of the n requests needing the most tokens, u, takes about
-    u / mu_L + z_n sigma_L sqrt(u / mu_L) / mu_L steps (mu_L, sigma_L^2: mean and variance of 1 + a per step; z_n:
-    the expected maximum of n standard normals). The best depth L >= 1 is kept only if its rate, divided by
-    1 + z_n sigma_L / sqrt(u mu_L), still beats the plain step's: no change for one request or an unlimited budget,
-    a ~20% hurdle for 16 requests with 32 tokens to go and survival 0.8^k. The depth itself is still chosen by the
-    per-step rate, so at low load the scheduler drafts as deep as before. Past steps only: exact.
+    truncating at L keeps the output exact. A static batch (one that waits for its slowest request) is better
+    judged by `static_batch_seconds`, which prices the ragged finish this per-step rate ignores.
 
     Args:
         stale_survival: [R', B] prefix survival of an earlier drafted step.
@@ -271,7 +256,6 @@ def best_depth(
             `StepCosts.seconds(R, B)`.
         num_requests: R, the current number of requests (default R', or len(usable)).
         usable: [R] drafts each request can still commit (tokens left to generate - 1); None: no limit.
-        static_batch: draft only if it still pays after the ragged finish of a static batch (needs `usable`).
     Returns:
         L in 0..B.
     """
@@ -284,11 +268,7 @@ def best_depth(
     R = R_stale if num_requests is None else int(num_requests)
     if R < 0:
         raise ValueError(f"num_requests must be >= 0, got {R}.")
-    if step_seconds.shape != (B + 1,):
-        raise ValueError(f"step_seconds must have B + 1 = {B + 1} entries (depth 0..B), got shape {tuple(step_seconds.shape)}.")
-    seconds = step_seconds.to(torch.float64)
-    if not bool((seconds > 0).all()):  # NaN fails the comparison too
-        raise ValueError(f"step_seconds must be positive (inf allowed), got {seconds.tolist()}.")
+    seconds = _checked_seconds(step_seconds, B)
     if R == 0:
         return 0
     if R_stale == 0:
@@ -296,41 +276,131 @@ def best_depth(
             f"stale_survival has no rows, so it says nothing about a batch of {R} requests; "
             "draft the full block until a step with requests has been seen."
         )
-    if usable is None:
-        rows_at = s.new_full((B,), float(R))  # [B] requests that can use a draft at position k
-    else:
-        rows_at = _usable_slots(usable.to(s.device), B).sum(0).to(s.dtype)
-    expected = s.new_zeros(B + 1)  # [B + 1] expected committed tokens at depth 0..B
-    torch.cumsum(s.mean(0) * rows_at, 0, out=expected[1:])
-    expected.add_(R)
-    rate = expected / seconds  # [B + 1] expected committed tokens per second
-    depth = int(torch.argmax(rate))
-    if static_batch and usable is not None and depth > 0:  # the best depth drafts: does it beat plain once ragged?
-        if not float(rate[depth]) > float(rate[0]) * _ragged_finish_slowdown(s.mean(0), usable, depth):
-            return 0
-    return depth
+    return _rate_depth(s.mean(0).cpu().numpy(), seconds.cpu().numpy(), R, None if usable is None else usable.cpu().numpy())
 
 
-def _ragged_finish_slowdown(survival: Tensor, usable: Tensor, depth: int) -> float:
-    """1 + z_n sigma_L / sqrt(u mu_L) at depth L (see `best_depth`): how much drafting stretches the steps that the
-    requests with the most tokens left need. survival [B]: mean prefix survival; usable [R]: drafts each can use."""
-    left = usable.to(torch.float64) + 1  # [R] tokens left per request
-    u = float(left.max())
-    n = int((left >= u - survival.shape[0]).sum())  # requests that can still be the last to finish
-    if n < 2:
-        return 1.0
-    z = statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))  # Blom: the expected maximum of n normals
-    k = torch.arange(depth, dtype=torch.float64)
-    s = survival[:depth].to(torch.float64).cpu() * (k < u - 1)  # a request accepts at most (tokens left - 1) drafts
-    mean = float(s.sum())  # E[a] = sum_{k<L} P(a > k)
-    var = max(float(((2 * k + 1) * s).sum()) - mean**2, 0.0)  # E[a^2] = sum_{k<L} (2k + 1) P(a > k)
-    return 1.0 + z * math.sqrt(var / (u * (1.0 + mean)))
+def _rate_depth(survival: np.ndarray, seconds: np.ndarray, num_requests: int, usable: np.ndarray | None) -> int:
+    """`best_depth` on checked input: mean survival [B], seconds [B + 1], usable [R] or None. numpy: it runs before
+    every step, where torch's per-op cost on a few numbers (~10 us each on two threads) would dominate."""
+    B = survival.shape[0]
+    rows_at = num_requests if usable is None else (usable[:, None] > np.arange(B)).sum(0)  # [B] requests that can use draft k
+    expected = np.zeros(B + 1)  # [B + 1] expected committed tokens at depth 0..B
+    np.cumsum(survival * rows_at, out=expected[1:])
+    return int(np.argmax((expected + num_requests) / seconds))  # the first maximum: the smallest L on ties
 
 
-def _drafting_depth(survival: Tensor, step_seconds: Tensor, num_requests: int, usable: Tensor | None) -> int:
-    """The best depth L >= 1 (`best_depth` with the plain step ruled out): what a probe or the warm-up drafts."""
-    no_plain = torch.cat([step_seconds.new_full((1,), math.inf), step_seconds[1:]])
-    return best_depth(survival, no_plain, num_requests, usable)
+def _checked_seconds(step_seconds: Tensor, block_size: int) -> Tensor:
+    """[B + 1] positive step seconds (inf allowed) as float64, or a clear error."""
+    if step_seconds.shape != (block_size + 1,):
+        raise ValueError(
+            f"step_seconds must have B + 1 = {block_size + 1} entries (depth 0..B), got shape {tuple(step_seconds.shape)}."
+        )
+    seconds = step_seconds.to(torch.float64)
+    if not bool((seconds > 0).all()):  # NaN fails the comparison too
+        raise ValueError(f"step_seconds must be positive (inf allowed), got {seconds.tolist()}.")
+    return seconds
+
+
+_NODES = (np.arange(32) + 0.5) / 32  # midpoint rule for the expected finish step of a static batch
+
+
+def _upper_tail_ratio(x: np.ndarray) -> np.ndarray:
+    """Phi(-x) e^(x^2 / 2) for x >= 0, Borjesson and Sundberg's 1 / (sqrt(2 pi) (0.661 x + 0.339 sqrt(x^2 + 5.51)))
+    (relative error < 0.3%; no erf, so numpy does it: at a decision's few hundred numbers, torch's per-op cost on
+    two threads was ~0.9 ms, numpy's is ~0.1 ms)."""
+    return 1.0 / (math.sqrt(2 * math.pi) * (0.661 * x + 0.339 * np.sqrt(x * x + 5.51)))
+
+
+def _inverse_gaussian_cdf(t: np.ndarray, mean: np.ndarray, variance: np.ndarray) -> np.ndarray:
+    """P(N <= t) [B, G, T] at t [B, 1, T] for N inverse Gaussian with mean m and variance [B, G] (shape
+    lambda = m^3 / variance): Phi(a) + e^(2 lambda / m) Phi(-x), with q = sqrt(m / variance), a = q (t - m) / sqrt(t),
+    x = q (t + m) / sqrt(t) >= 0. Both terms go through `_upper_tail_ratio`: Phi(-|a|) = e^(-a^2 / 2) ratio(|a|),
+    and the second term is e^(-a^2 / 2) ratio(x) (the same number, without the overflow of e^(2 lambda / m))."""
+    m = mean[:, :, None]  # [B, G, 1]
+    qrt = np.sqrt(mean / variance)[:, :, None] / np.sqrt(t)  # [B, G, T]
+    a, x = qrt * (t - m), qrt * (t + m)
+    gauss = np.exp(-0.5 * a * a)
+    below = gauss * _upper_tail_ratio(np.abs(a))  # Phi(-|a|)
+    return np.clip(np.where(a >= 0, 1.0 - below, below) + gauss * _upper_tail_ratio(x), 0.0, 1.0)
+
+
+def static_batch_seconds(
+    stale_survival: Tensor, step_seconds: Tensor, one_request_seconds: Tensor, usable: Tensor
+) -> Tensor:
+    """Expected seconds until a static batch is done if every step drafts at depth L, for L = 0..B.
+
+    A static batch (transformers' generate(): nobody joins, the call waits for its slowest request) pays for the
+    ragged finish that drafting causes: plain steps move every request one token in lock step, while at depth L
+    request r needs N_r steps for its u_r remaining tokens, N_r random, and the call lasts max_r N_r steps with
+    fewer and fewer requests. The per-step rate (`best_depth`) sees none of this; on a CPU, where a step with one
+    request costs ~0.8 of a plain step with 16, the finish took half of a 32-token call's drafting time.
+
+    Model: a step at depth L with R' requests costs one[L] + k_L (R' - 1), the line through the one-request and
+    the R-request prices (k_L = (step[L] - one[L]) / (R - 1)), so the call costs
+    one[L] E[max_r N_r] + k_L (sum_r E[N_r] - E[max_r N_r]). N_r is the first passage of u_r by a walk whose
+    steps are 1 + a, a the accepted drafts at depth L (P(a > k) = mean survival at k; cutting a draft short at
+    a request's last token does not change the step count): by renewal theory E[N_r] ~ u_r / mu + (E[X^2] / (2 mu)
+    - 1/2) / mu and Var N_r ~ var(a) u_r / mu^3 (mu = 1 + E[a]), and N_r is taken as inverse Gaussian (the first
+    passage of a drifting Brownian motion: right-skewed like the real step count; a normal underestimates the
+    maximum of 16 by ~3% at 32 tokens). E[max] integrates 1 - prod_r F_r over a 32-node grid. Depth 0 is exact:
+    max_r u_r steps. The loop drafts at most (most tokens left - 1), so the last steps of a call can run shallower
+    than L and cost less than priced: deep depths with few tokens left are overpriced (16 requests, 8 tokens,
+    depth 7: +15%), a bias towards shallower depths. Modelling that cap moved simulated throughput by at most
+    +-0.02x (`scripts/simulate_static_batch.py`), so it is left out. The tests check the model against simulation.
+    Past steps only: exact.
+
+    Args:
+        stale_survival: [R', B] (or [B]) prefix survival of an earlier drafted step.
+        step_seconds: [B + 1] seconds of a step at depth 0..B with all R requests (inf = not allowed).
+        one_request_seconds: [B + 1] seconds of a step at depth 0..B with one request.
+        usable: [R] drafts each request can still commit (tokens left to generate - 1).
+    Returns:
+        [B + 1] float64 expected seconds (inf where a depth is not allowed).
+    """
+    s = _checked_survival(stale_survival.reshape(-1, stale_survival.shape[-1])).mean(0).cpu().numpy()  # [B]
+    B = s.shape[0]
+    full = _checked_seconds(step_seconds, B).cpu().numpy()  # [B + 1]
+    one = _checked_seconds(one_request_seconds, B).cpu().numpy()
+    if usable.dim() != 1 or usable.numel() == 0 or bool((usable < 0).any()):
+        raise ValueError(f"usable must be a non-empty [R] tensor of drafts >= 0, got {usable.tolist()}.")
+    return torch.from_numpy(_static_batch_seconds(s, full, one, usable.cpu().numpy()))
+
+
+def _static_batch_seconds(survival: np.ndarray, full: np.ndarray, one: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """`static_batch_seconds` on checked numpy input: mean survival [B], seconds [B + 1] twice, usable [R] >= 0.
+    Written for few numpy calls (~70 on a few hundred numbers, ~0.15 ms): it runs before every drafting step."""
+    count = np.bincount(usable)
+    u = np.flatnonzero(count)  # [G] distinct drafts left
+    count, u = count[u].astype(np.float64), u + 1.0  # [G] requests in each group, tokens each still needs
+    inv_mu, offset, spread, Ea, Ea2 = [], [], [], 0.0, 0.0  # per depth L = 1..B, for a step's X = 1 + a
+    for k, s_k in enumerate(survival.tolist()):
+        Ea, Ea2 = Ea + s_k, Ea2 + (2 * k + 1) * s_k  # E[a] = sum_{k<L} P(a > k), E[a^2] = sum_{k<L} (2k + 1) P(a > k)
+        mu = 1.0 + Ea
+        inv_mu.append(1.0 / mu)
+        offset.append(((1.0 + 2.0 * Ea + Ea2) / (2.0 * mu) - 0.5) / mu)  # E[N] = u / mu + (E[X^2] / (2 mu) - 1/2) / mu
+        spread.append(max(Ea2 - Ea * Ea, 0.0) / mu**3)  # Var N = Var(a) u / mu^3
+    inv_mu, offset, spread = np.array(inv_mu)[:, None], np.array(offset)[:, None], np.array(spread)[:, None]  # [B, 1]
+    mean = np.minimum(np.maximum(u * inv_mu + offset, 1.0), u)  # [B, G] expected steps per request: 1 <= N <= u
+    variance = np.maximum(spread * u, 1e-9 * mean * mean)  # [B, G]
+    sd = np.sqrt(variance)
+    lo = np.maximum((mean - 8 * sd).max(1, keepdims=True), 0.0)  # [B, 1]: below, the max is surely larger
+    width = (mean + 12 * sd).max(1, keepdims=True) - lo  # [B, 1]: above lo + width, every request is surely done
+    t = (lo + width * _NODES)[:, None, :]  # [B, 1, T]
+    with np.errstate(divide="ignore"):  # log 0 = -inf: nobody is sure to be done yet
+        all_done = np.exp(count @ np.log(_inverse_gaussian_cdf(t, mean, variance)))  # [B, T] P(max_r N_r <= t)
+    steps = np.concatenate([[u[-1]], lo[:, 0] + width[:, 0] * (1 - all_done).mean(1)])  # [B + 1] E[max_r N_r]
+    request_steps = np.concatenate([[count @ u], mean @ count])  # [B + 1] expected steps summed over requests
+    R = usable.shape[0]
+    with np.errstate(invalid="ignore"):  # inf - inf and inf * 0 where a depth is not allowed: masked below
+        slope = np.maximum(full - one, 0.0) / (R - 1) if R > 1 else np.zeros_like(full)  # [B + 1] per extra request
+        seconds = one * steps + slope * (request_steps - steps)
+    seconds[~np.isfinite(full) | ~np.isfinite(one)] = math.inf
+    return seconds
+
+
+def _drafting_depth(survival: np.ndarray, seconds: np.ndarray, num_requests: int, usable: np.ndarray | None) -> int:
+    """The best depth L >= 1 (`best_depth` with the plain step ruled out): what a probe drafts."""
+    return _rate_depth(survival, np.concatenate([[math.inf], seconds[1:]]), num_requests, usable)
 
 
 def geometric_survival(mean_accepted_length: float, block_size: int) -> Tensor:
@@ -507,9 +577,11 @@ class AdaptiveVerification(VerifyPolicy):
     nothing. The scheduler therefore chooses one depth per step (SPEC section 6 with the padded price; the
     paper's per-request rule, `budget` + `allocate`, is for packed verify batches):
 
-    - before the step, `best_depth(survival of the latest drafted step, costs.seconds(R, B), R, usable,
-      static_batch)`, valuing a draft only for the requests that can still emit it (`usable`, from the loop) and
-      drafting only if that still pays once the batch's ragged finish is priced (`static_batch`); the costs are
+    - before the step, `best_depth(survival of the latest drafted step, costs.seconds(R, B), R, usable)`,
+      valuing a draft only for the requests that can still emit it (`usable`, from the loop); when that drafts
+      and the batch is static (`static_batch`, R > 1), the depth is instead the one with the least expected time
+      to finish the whole batch (`static_batch_seconds`, with `costs.seconds(1, B)` pricing the tail's
+      one-request steps), 0 included: drafting must pay after the ragged finish too. The costs are
       the loop's own measured step times (`StepCosts`, the step table as the prior), so drafting, verifying and
       bookkeeping are all priced. Depth 0 skips the drafter: a weak drafter or a loaded device costs a plain step.
       While skipping it drafts anyway (a probe at the best depth >= 1) after `probe_every` skipped steps,
@@ -543,7 +615,7 @@ class AdaptiveVerification(VerifyPolicy):
         prior_survival: [B] survival assumed until a step has drafted (None: the first step drafts the full block).
         probe_budget: most of the skipped steps' time that one probe's extra cost may take (0.01 = 1%; math.inf:
             probe every `probe_every`.. `max_probe_every` skipped steps whatever a probe costs).
-        static_batch: gate drafting by the ragged finish of a static batch (`best_depth`); True for generate(),
+        static_batch: choose a drafting depth by the time to finish the whole batch (`static_batch_seconds`); True for generate(),
             whose batch waits for its slowest request; False where finished requests are replaced at once.
     """
 
@@ -575,9 +647,9 @@ class AdaptiveVerification(VerifyPolicy):
         self.temperatures = _checked_temperatures(temperatures)
         self.probe_every, self.max_probe_every = probe_every, max_probe_every
         self.carry_over = carry_over
-        self._survival: Tensor | None = None  # [R', B] survival of the latest drafted step
+        self._survival: np.ndarray | None = None  # [R', B] float64 survival of the latest drafted step
         self._block_size: int | None = None
-        self._usable: Tensor | None = None  # [R] drafts each request of the current step can still commit
+        self._usable: np.ndarray | None = None  # [R] drafts each request of the current step can still commit
         self._skipped, self._interval = 0, probe_every
         self._skipped_s = 0.0  # seconds of the plain steps since the last drafted step
         self._predicted = 0.0  # expected accepted drafts of the step being verified (sum of its verified survival)
@@ -595,15 +667,23 @@ class AdaptiveVerification(VerifyPolicy):
         return (sum(a for _, a in self._outcomes) + 1.0) / (sum(p for p, _ in self._outcomes) + 1.0)
 
     def draft_depth(self, num_requests: int, block_size: int, usable: Tensor | None = None) -> int:
-        self._block_size, self._usable = block_size, usable
+        use = None if usable is None else usable.cpu().numpy()  # [R]
+        if use is not None and use.shape != (num_requests,):
+            raise ValueError(f"usable must have one entry per request ({num_requests}), got shape {use.shape}.")
+        self._block_size, self._usable = block_size, use
         if self._survival is not None and self._survival.shape[1] == block_size:
-            survival = (self._survival * self.acceptance_ratio).clamp_(max=1.0) if self._outcomes else self._survival
+            s = np.minimum(self._survival * self.acceptance_ratio, 1.0) if self._outcomes else self._survival
+            survival = s.mean(0)  # [B]
         elif self.prior_survival is not None and self.prior_survival.shape[1] == block_size:
-            survival = self.prior_survival  # nothing drafted yet: the drafter's held-out tau says what to expect
+            survival = self.prior_survival[0].numpy()  # nothing drafted yet: the drafter's held-out tau says what to expect
         else:
             return block_size  # nothing drafted yet and no prior: warm up with the full block
-        seconds = self.costs.seconds(num_requests, block_size)  # [B + 1]
-        depth = best_depth(survival, seconds, num_requests, usable, self.static_batch)
+        seconds = self.costs.seconds(num_requests, block_size).numpy()  # [B + 1]
+        depth = _rate_depth(survival, seconds, num_requests, use)
+        if depth > 0 and self.static_batch and use is not None and num_requests > 1:
+            # drafting pays per step; at which depth (if any) does it pay once the batch's ragged finish is priced?
+            one = self.costs.seconds(1, block_size).numpy()
+            depth = int(np.argmin(_static_batch_seconds(survival, seconds, one, use)))  # the first: smallest L on ties
         if depth > 0:
             self._skipped, self._skipped_s, self._interval = 0, 0.0, self.probe_every
             return depth
@@ -614,7 +694,7 @@ class AdaptiveVerification(VerifyPolicy):
         allowance = self.probe_budget * self._skipped_s  # extra seconds a probe may cost now
         if budgeted and not float(seconds[1:].min() - seconds[0]) <= allowance:
             return 0  # even the cheapest probe would cost more than its share of the time spent skipping
-        probe = _drafting_depth(survival, seconds, num_requests, usable)
+        probe = _drafting_depth(survival, seconds, num_requests, use)
         if budgeted and not float(seconds[probe] - seconds[0]) <= allowance:
             return 0
         self._skipped, self._skipped_s, self._interval = 0, 0.0, min(2 * self._interval, self.max_probe_every)
@@ -628,13 +708,13 @@ class AdaptiveVerification(VerifyPolicy):
             self._outcomes.append((self._predicted, int(accepted.sum())))
 
     def _lengths(self, conf_logits, num_requests, block_size):
-        c = _calibrated_confidence(conf_logits, self.temperatures)  # [R, L]
+        c = _calibrated_confidence(conf_logits, self.temperatures).numpy().astype(np.float64)  # [R, L]
         B = max(self._block_size or block_size, block_size)
-        c = torch.cat([c, c[:, -1:].expand(-1, B - block_size)], dim=1)  # [R, B]: extend past the drafted depth
-        self._survival = torch.cumprod(c, dim=1)
+        c = np.concatenate([c, np.repeat(c[:, -1:], B - block_size, axis=1)], axis=1)  # [R, B]: past the drafted depth
+        self._survival = np.cumprod(c, axis=1)
         verified = self._survival[:, :block_size]  # [R, L]; the loop cuts a request at what it can still emit
         if self._usable is not None and self._usable.shape[0] == num_requests:
-            verified = verified * _usable_slots(self._usable.cpu(), block_size)
+            verified = verified * (np.arange(block_size) < self._usable[:, None])
         self._predicted = float(verified.sum())
         return torch.full((num_requests,), block_size, dtype=torch.int64)
 

@@ -7,7 +7,7 @@ drafter pass `draft0 + draft_per_depth * L` (defaults fitted by hand to this CPU
 ~0.55 s, depth 4 ~1.95 s), every draft survives with probability alpha, finished requests leave the batch. Prints
 each rule's throughput relative to plain decoding, averaged over `--trials` seeds. Used to ask whether the per-step
 rate rule (what `best_depth` maximizes) loses to ragged finishes when the costs are known exactly, and what the
-ragged-finish gate (`static_batch=True`, as `AdaptiveVerification` uses it) changes.
+static-batch rule (`static_batch_seconds`, as `AdaptiveVerification(static_batch=True)` uses it) changes.
 """
 
 import argparse
@@ -15,7 +15,7 @@ import random
 
 import torch
 
-from hf_dspark.scheduler import best_depth
+from hf_dspark.scheduler import best_depth, static_batch_seconds
 
 
 def main() -> None:
@@ -36,10 +36,15 @@ def main() -> None:
     def cost(R: int, L: int) -> float:
         return a.verify0 + a.per_token * R * (L + 1) + (a.draft0 + a.draft_per_depth * L if L else 0.0)
 
-    def rule(static_batch: bool):  # the scheduler's rule, with the costs known exactly
+    def rule(static_batch: bool):  # the scheduler's rule (AdaptiveVerification.draft_depth), with the costs known exactly
         def choose(left: list[int]) -> int:
             seconds = torch.tensor([cost(len(left), L) for L in range(B + 1)], dtype=torch.float64)
-            return best_depth(survival, seconds, usable=torch.tensor(left) - 1, static_batch=static_batch)
+            usable = torch.tensor(left) - 1
+            depth = best_depth(survival, seconds, usable=usable)
+            if depth and static_batch and len(left) > 1:
+                one = torch.tensor([cost(1, L) for L in range(B + 1)], dtype=torch.float64)
+                depth = int(torch.argmin(static_batch_seconds(survival, seconds, one, usable)))
+            return depth
 
         return choose
 
@@ -59,7 +64,7 @@ def main() -> None:
         return seconds
 
     rules = {f"depth {L}": (lambda left, L=L: L) for L in (0, 2, 4, B)}
-    rules |= {"rate rule": rule(static_batch=False), "with ragged-finish gate": rule(static_batch=True)}
+    rules |= {"rate rule": rule(static_batch=False), "static-batch rule": rule(static_batch=True)}
     for R in (int(x) for x in a.batch_sizes.split(",")):
         times = {name: sum(run(R, rule, random.Random(i)) for i in range(a.trials)) for name, rule in rules.items()}
         print(f"batch {R:3d}: " + "  ".join(f"{name} {times['depth 0'] / t:.2f}x" for name, t in times.items()))

@@ -288,8 +288,9 @@ def skipping_policy() -> AdaptiveVerification:
 
 
 def mid_depth_policy() -> AdaptiveVerification:
-    """The scheduler where each drafted token costs as much as half a plain step: it drafts 1-2 tokens deep."""
-    return AdaptiveVerification(TABLE, costs=FixedStepCosts([1.0 + 0.5 * L for L in range(9)]))
+    """The scheduler where each drafted token costs as much as half a plain step: it drafts a few tokens deep (the
+    per-step rule, static_batch=False, so the depth follows the per-step arithmetic of the tests)."""
+    return AdaptiveVerification(TABLE, costs=FixedStepCosts([1.0 + 0.5 * L for L in range(9)]), static_batch=False)
 
 
 @pytest.mark.parametrize("policy", ["full", "threshold", "adaptive", "adaptive_skip", "adaptive_mid_depth"])

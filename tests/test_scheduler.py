@@ -4,6 +4,7 @@ import copy
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -21,6 +22,7 @@ from hf_dspark.scheduler import (
     scheduler_overhead_ms,
     survival_from_confidence,
     best_depth,
+    static_batch_seconds,
 )
 from hf_dspark.testing import FixedStepCosts
 from hf_dspark.step_table import StepTimeTable
@@ -500,21 +502,65 @@ def test_before_any_draft_the_prior_is_the_survival():
     assert depths == [0, 0, 0, 0, 1]  # skips like a scheduler that measured a weak drafter, then probes
 
 
-def test_static_batch_gate_drafts_only_when_it_pays_after_the_ragged_finish():
-    """16 requests with 32 tokens to go: drafting that wins 10% per step loses it to ragged finishes (the call
-    waits for the slowest request), so the gate keeps the plain step; a 50% win still drafts, at the same depth.
-    One request has nobody to wait for: the gate changes nothing."""
+def _simulated_static_batch_seconds(alpha, left, depth, cost, trials=4000, seed=0):
+    """Monte Carlo of a static batch drafting at `depth` every step, each draft accepted with probability alpha, a
+    step with R' requests at depth d costing cost(R', d). Returns the mean seconds over `trials` batches twice:
+    priced at `depth` every step (what `static_batch_seconds` models), and as the loop runs it (a step drafts at
+    most the most tokens any request has left - 1)."""
+    rng = np.random.default_rng(seed)
+    left = np.tile(np.asarray(left), (trials, 1))  # [trials, R] tokens each request still needs
+    modelled, capped = np.zeros(trials), np.zeros(trials)
+    while (left > 0).any():
+        alive = left > 0
+        running, n = alive.any(1), alive.sum(1)  # [trials]
+        d = np.maximum(np.minimum(depth, left.max(1) - 1), 0)  # [trials] the step's depth in the loop
+        modelled += np.where(running, cost(n, np.full_like(d, depth)), 0.0)
+        capped += np.where(running, cost(n, d), 0.0)
+        accepted = np.cumprod(rng.random((*left.shape, max(depth, 1))) < alpha, axis=2).sum(2)  # leading successes
+        accepted = np.minimum(accepted, d[:, None])
+        left = np.where(alive, left - np.minimum(1 + accepted, left), 0)
+    return float(modelled.mean()), float(capped.mean())
+
+
+@pytest.mark.parametrize("left", [[32] * 16, [32] * 4 + [25] * 4 + [12] * 8, [6] * 4, [400] * 8])
+def test_static_batch_seconds_matches_simulation(left):
+    """The expected time to finish a static batch at every depth (renewal moments, inverse-Gaussian maximum) is
+    within 3% of a simulation with the same survival and costs; the loop's cap on the last steps only makes the
+    real batch cheaper (the model's bias is towards shallower depths)."""
+    alpha, B = 0.8, 7
+    survival = (alpha ** torch.arange(1, B + 1, dtype=torch.float64))[None]
+
+    def cost(r, d):  # a CPU-like step: fixed part, per verify token, drafter pass growing with the depth
+        return 0.3 + 0.004 * r * (d + 1) + np.where(d > 0, 0.05 + 0.05 * d, 0.0)
+
+    R = len(left)
+    full = torch.tensor([float(cost(R, np.int64(L))) for L in range(B + 1)], dtype=torch.float64)
+    one = torch.tensor([float(cost(1, np.int64(L))) for L in range(B + 1)], dtype=torch.float64)
+    predicted = static_batch_seconds(survival, full, one, torch.tensor(left) - 1)
+    for L in range(B + 1):
+        modelled, capped = _simulated_static_batch_seconds(alpha, left, L, cost, trials=4000 if max(left) < 100 else 500)
+        assert float(predicted[L]) == pytest.approx(modelled, rel=0.03), (L, predicted.tolist())
+        assert capped <= modelled
+
+
+def test_static_batch_drafts_only_when_it_pays_after_the_ragged_finish():
+    """16 requests with 32 tokens to go, where a one-request step costs as much as a plain step with 16 (a CPU
+    under light load): drafting at depth 3 that wins 10% per step loses it to the ragged finish (the call waits
+    for the slowest request), so the scheduler keeps plain steps; a 50% win still drafts. One request has nobody
+    to wait for, and a 4000-token budget makes the finish a small share: both draft at the 10% win."""
     survival = (0.8 ** torch.arange(1, 8, dtype=torch.float64))[None]  # [1, 7]
     per_row = 1 + float(survival[0, :3].sum())  # committed tokens per request at depth 3
+    table = StepTimeTable([1, 2], [2.0, 1.0], max_batch_tokens=2)
 
-    def seconds(gain):  # only depth 3 allowed besides plain; it commits per_row tokens for (per_row / gain) steps
-        return torch.tensor([1.0, math.inf, math.inf, per_row / gain] + [math.inf] * 4)
+    def policy(gain, static_batch=True):  # depth 3 (besides plain) commits per_row tokens in per_row / gain plain steps
+        costs = FixedStepCosts([1.0, math.inf, math.inf, per_row / gain] + [math.inf] * 4)
+        return AdaptiveVerification(table, costs=costs, prior_survival=survival[0], static_batch=static_batch)
 
     many, one = torch.full((16,), 31), torch.full((1,), 31)
-    assert best_depth(survival, seconds(1.1), usable=many) == 3  # the per-step rule drafts
-    assert best_depth(survival, seconds(1.1), usable=many, static_batch=True) == 0
-    assert best_depth(survival, seconds(1.5), usable=many, static_batch=True) == 3
-    assert best_depth(survival, seconds(1.1), usable=one, static_batch=True) == 3
-    assert best_depth(survival, seconds(1.1), num_requests=16, static_batch=True) == 3  # no budget known: no gate
-    long = torch.full((16,), 4000)  # long generations: the ragged finish is a small share of the call
-    assert best_depth(survival, seconds(1.1), usable=long, static_batch=True) == 3
+    assert best_depth(survival, policy(1.1).costs.seconds(16, 7), usable=many) == 3  # the per-step rule drafts
+    assert policy(1.1).draft_depth(16, 7, usable=many) == 0
+    assert policy(1.5).draft_depth(16, 7, usable=many) == 3
+    assert policy(1.1).draft_depth(1, 7, usable=one) == 3
+    assert policy(1.1).draft_depth(16, 7, usable=torch.full((16,), 3999)) == 3
+    assert policy(1.1).draft_depth(16, 7) == 3  # no budget known: nothing to price the finish by
+    assert policy(1.1, static_batch=False).draft_depth(16, 7, usable=many) == 3  # finished requests get replaced
