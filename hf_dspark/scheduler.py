@@ -306,8 +306,8 @@ _NODES = (np.arange(32) + 0.5) / 32  # midpoint rule for the expected finish ste
 
 def _upper_tail_ratio(x: np.ndarray) -> np.ndarray:
     """Phi(-x) e^(x^2 / 2) for x >= 0, Borjesson and Sundberg's 1 / (sqrt(2 pi) (0.661 x + 0.339 sqrt(x^2 + 5.51)))
-    (relative error < 0.3%; no erf, so numpy does it: at a decision's few hundred numbers, torch's per-op cost on
-    two threads was ~0.9 ms, numpy's is ~0.1 ms)."""
+    (relative error < 0.3%). It needs no erf, so numpy can do it: at a decision's few hundred to few thousand
+    numbers, the same model in torch took ~0.9 ms on two threads (per-op cost), in numpy 0.1-0.3 ms."""
     return 1.0 / (math.sqrt(2 * math.pi) * (0.661 * x + 0.339 * np.sqrt(x * x + 5.51)))
 
 
@@ -368,10 +368,9 @@ def static_batch_seconds(
 
 def _static_batch_seconds(survival: np.ndarray, full: np.ndarray, one: np.ndarray, usable: np.ndarray) -> np.ndarray:
     """`static_batch_seconds` on checked numpy input: mean survival [B], seconds [B + 1] twice, usable [R] >= 0.
-    Written for few numpy calls (~70 on a few hundred numbers, ~0.15 ms): it runs before every drafting step."""
-    count = np.bincount(usable)
-    u = np.flatnonzero(count)  # [G] distinct drafts left
-    count, u = count[u].astype(np.float64), u + 1.0  # [G] requests in each group, tokens each still needs
+    Written for few numpy calls (0.1-0.3 ms for 1-31 distinct usable values): it runs before every drafting step."""
+    u, count = np.unique(usable, return_counts=True)  # [G] distinct drafts left, requests with each
+    u, count = u + 1.0, count.astype(np.float64)  # [G] tokens each group still needs
     inv_mu, offset, spread, Ea, Ea2 = [], [], [], 0.0, 0.0  # per depth L = 1..B, for a step's X = 1 + a
     for k, s_k in enumerate(survival.tolist()):
         Ea, Ea2 = Ea + s_k, Ea2 + (2 * k + 1) * s_k  # E[a] = sum_{k<L} P(a > k), E[a^2] = sum_{k<L} (2k + 1) P(a > k)
@@ -579,9 +578,12 @@ class AdaptiveVerification(VerifyPolicy):
 
     - before the step, `best_depth(survival of the latest drafted step, costs.seconds(R, B), R, usable)`,
       valuing a draft only for the requests that can still emit it (`usable`, from the loop); when that drafts
-      and the batch is static (`static_batch`, R > 1), the depth is instead the one with the least expected time
-      to finish the whole batch (`static_batch_seconds`, with `costs.seconds(1, B)` pricing the tail's
-      one-request steps), 0 included: drafting must pay after the ragged finish too. The costs are
+      and the batch is static (`static_batch`, R > 1), drafting must also pay once the batch's ragged finish is
+      priced: if the expected time to finish the whole batch at that depth (`static_batch_seconds`, with
+      `costs.seconds(1, B)` pricing the tail's one-request steps) exceeds plain decoding's, the depth becomes the
+      one that finishes soonest, 0 included. (Taking that argmin always drafted shallower than the per-step rule
+      at synthetic batch 4, where the full block was 3% faster, p 0.017: `bench_results/s9/syn_bs4-16_b2f1ae3.json`;
+      it compares constant-depth policies and prices deep depths on thin measurements.) The costs are
       the loop's own measured step times (`StepCosts`, the step table as the prior), so drafting, verifying and
       bookkeeping are all priced. Depth 0 skips the drafter: a weak drafter or a loaded device costs a plain step.
       While skipping it drafts anyway (a probe at the best depth >= 1) after `probe_every` skipped steps,
@@ -615,7 +617,7 @@ class AdaptiveVerification(VerifyPolicy):
         prior_survival: [B] survival assumed until a step has drafted (None: the first step drafts the full block).
         probe_budget: most of the skipped steps' time that one probe's extra cost may take (0.01 = 1%; math.inf:
             probe every `probe_every`.. `max_probe_every` skipped steps whatever a probe costs).
-        static_batch: choose a drafting depth by the time to finish the whole batch (`static_batch_seconds`); True for generate(),
+        static_batch: draft only where it pays over the whole static batch (`static_batch_seconds`); True for generate(),
             whose batch waits for its slowest request; False where finished requests are replaced at once.
     """
 
@@ -681,9 +683,10 @@ class AdaptiveVerification(VerifyPolicy):
         seconds = self.costs.seconds(num_requests, block_size).numpy()  # [B + 1]
         depth = _rate_depth(survival, seconds, num_requests, use)
         if depth > 0 and self.static_batch and use is not None and num_requests > 1:
-            # drafting pays per step; at which depth (if any) does it pay once the batch's ragged finish is priced?
-            one = self.costs.seconds(1, block_size).numpy()
-            depth = int(np.argmin(_static_batch_seconds(survival, seconds, one, use)))  # the first: smallest L on ties
+            # drafting pays per step; does it still pay once the batch's ragged finish is priced?
+            call_seconds = _static_batch_seconds(survival, seconds, self.costs.seconds(1, block_size).numpy(), use)
+            if call_seconds[depth] > call_seconds[0]:
+                depth = int(np.argmin(call_seconds))  # no: the depth that finishes the call soonest, maybe plain
         if depth > 0:
             self._skipped, self._skipped_s, self._interval = 0, 0.0, self.probe_every
             return depth
@@ -731,8 +734,10 @@ class AdaptiveVerification(VerifyPolicy):
 
 
 def scheduler_overhead_ms(R: int = 64, B: int = 7, steps: int = 200) -> float:
-    """Median wall time (ms) of the scheduler's work in one step at batch R, block B, on CPU:
-    `draft_depth` + `lengths` + `observe_step` of `AdaptiveVerification`."""
+    """Median wall time (ms) of the scheduler's work in one drafting step of a static batch at batch R, block B,
+    on CPU: `draft_depth` (with `usable` spread over 32 values, so the static-batch model prices up to 32 groups)
+    + `lengths` + `observe_step` of `AdaptiveVerification`; every draft is accepted, so it keeps drafting (a
+    plain step skips `lengths` and the static-batch model and costs less)."""
     from .step_table import DEFAULT_BATCH_TOKENS, StepTimeTable
 
     tokens = list(DEFAULT_BATCH_TOKENS)
@@ -740,14 +745,15 @@ def scheduler_overhead_ms(R: int = 64, B: int = 7, steps: int = 200) -> float:
     table = StepTimeTable(tokens, [1.0 / t for t in latency_s], max_batch_tokens=tokens[-1])
     policy = AdaptiveVerification(table, temperatures=torch.linspace(1.0, 1.5, B))
     gen = torch.Generator().manual_seed(0)
+    usable = 200 + torch.arange(R) % 32  # [R] drafts each request can still commit
     times = []
     for i in range(steps + 1):
         z = torch.randn(R, B, generator=gen) + 2.0
         t0 = time.perf_counter()
-        depth = policy.draft_depth(R, B)
+        depth = policy.draft_depth(R, B, usable=usable)
         if depth:
             policy.lengths(z[:, :depth], depth)
-        policy.observe_step(R, depth, 0.05 + 0.01 * depth, 0.005 * depth, torch.zeros(R, dtype=torch.int64) if depth else None)
+        policy.observe_step(R, depth, 0.05 + 0.01 * depth, 0.005 * depth, torch.full((R,), depth) if depth else None)
         if i:  # the first call is the warm-up (no survival yet)
             times.append(time.perf_counter() - t0)
     times.sort()

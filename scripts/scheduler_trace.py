@@ -1,6 +1,7 @@
 """Trace the scheduler's decisions step by step on one GSM8K batch: requests R, the depth chosen, the predicted
-seconds of every depth, the acceptance correction rho, then the measured step and drafter seconds and the accepted
-drafts. The scheduler is the bench's `dspark_adaptive` one (`Bench.adaptive_policy`), kept across calls. The depth is the
+seconds of every depth, the acceptance correction rho, the corrected mean survival, and for a static batch the
+one-request step prices and the expected seconds of the rest of the call at every depth (`static_batch_seconds`),
+then the measured step and drafter seconds and the accepted drafts. The scheduler is the bench's `dspark_adaptive` one (`Bench.adaptive_policy`), kept across calls. The depth is the
 scheduler's choice; the loop may lower it (a request's last token drafts nothing: drafter_s=0, accepted=-).
 
     OMP_NUM_THREADS=2 python scripts/scheduler_trace.py --batch-size 64 --calls 3
@@ -11,8 +12,11 @@ import argparse
 import contextlib
 import time
 
+import numpy as np
+
 from hf_dspark.bench import Bench, default_drafter, load_prompts
 from hf_dspark.modeling import DSparkDrafter
+from hf_dspark.scheduler import _static_batch_seconds
 from hf_dspark.targets import load_target
 from hf_dspark.testing import synthetic_drafts
 
@@ -35,9 +39,17 @@ def main() -> None:
     choose, observe, trace = policy.draft_depth, policy.observe_step, []
 
     def traced_depth(n, block_size, usable=None):
+        survival = None if policy._survival is None else np.minimum(policy._survival * policy.acceptance_ratio, 1).mean(0)
         depth = choose(n, block_size, usable)
-        predicted = [round(float(s), 3) for s in policy.costs.seconds(n, block_size)]
-        trace.append(f"R={n} depth={depth} predicted_s={predicted} rho={policy.acceptance_ratio:.3f}")
+        seconds = policy.costs.seconds(n, block_size)
+        line = f"R={n} depth={depth} predicted_s={np.round(seconds.numpy(), 3).tolist()} rho={policy.acceptance_ratio:.3f}"
+        if survival is not None and survival.shape[0] == block_size:
+            line += f" survival={np.round(survival, 2).tolist()}"
+            if usable is not None and n > 1:  # what the static-batch model expects for the rest of the call
+                one = policy.costs.seconds(1, block_size).numpy()
+                call_s = _static_batch_seconds(survival, seconds.numpy(), one, usable.numpy())
+                line += f" one_s={np.round(one, 3).tolist()} call_s={np.round(call_s, 2).tolist()}"
+        trace.append(line)
         return depth
 
     def traced_observe(n, depth, step_s, draft_s, accepted=None):

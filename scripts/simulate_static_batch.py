@@ -43,7 +43,9 @@ def main() -> None:
             depth = best_depth(survival, seconds, usable=usable)
             if depth and static_batch and len(left) > 1:
                 one = torch.tensor([cost(1, L) for L in range(B + 1)], dtype=torch.float64)
-                depth = int(torch.argmin(static_batch_seconds(survival, seconds, one, usable)))
+                call_seconds = static_batch_seconds(survival, seconds, one, usable)
+                if call_seconds[depth] > call_seconds[0]:
+                    depth = int(torch.argmin(call_seconds))
             return depth
 
         return choose
