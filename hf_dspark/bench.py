@@ -134,6 +134,7 @@ class Bench:
         self.eos = set(eos if isinstance(eos, list) else [eos])
         self._table = None
         self._adaptive = None  # the dspark_adaptive contender's scheduler (adaptive_policy)
+        self._draw = 0  # the synthetic drafts' draw of the next call (a warm-up reuses the last one)
 
     def encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         texts = [self.tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in prompts]
@@ -219,6 +220,7 @@ class Bench:
                 rec.calls_s.append([])
                 rec.calls_ttft_s.append([])
             for b, enc in enumerate(encoded):
+                self._draw = p * len(encoded) + b  # synthetic drafts: one draw per call, shared by its contenders
                 k = (p * len(encoded) + b) % len(timed)
                 for rec in timed[k:] + timed[:k]:
                     outputs[rec.contender][b], stats[rec.contender][b] = self._timed_call(runs[rec.contender], enc, rec)
@@ -250,13 +252,15 @@ class Bench:
         return records
 
     def _with_synthetic_drafts(self, run, encoded, reference):
-        """Each batch drafts its own plain output with per-token acceptance `synthetic_acceptance`."""
+        """Each batch drafts its own plain output with per-token acceptance `synthetic_acceptance`; which tokens are
+        wrong is drawn per call (`self._draw`: pass and batch), the same for every contender of the call. (Until
+        a7b5bc2 every call used the same draw, so each contender met one realization of luck over and over.)"""
         from .testing import synthetic_drafts
 
         by_batch = {id(enc): ref for enc, ref in zip(encoded, reference)}
 
         def wrapped(enc):
-            with synthetic_drafts(by_batch[id(enc)], self.synthetic_acceptance):
+            with synthetic_drafts(by_batch[id(enc)], self.synthetic_acceptance, seed=self._draw):
                 return run(enc)
 
         return wrapped

@@ -7,10 +7,13 @@ stop strings inside a block, per-row acceptance differences, cache holes and com
 `FixedStepCosts(seconds)` gives the scheduler step costs that do not learn from the (machine-dependent) timings,
 so a test can put it in a chosen regime: skipping the drafter, drafting a middle depth, ...
 
-`synthetic_drafts(reference, acceptance)` proposes the reference continuation with every token independently kept
-with probability `acceptance` (else corrupted) and sets the confidence logits to logit(acceptance): a drafter of
-known, perfectly calibrated quality. The benchmark uses it to measure the scheduler and the loop for a drafter
-better than the shipped one; the real drafter pass still runs, so drafting costs what it costs.
+`synthetic_drafts(reference, acceptance, seed)` proposes the reference continuation with every token independently
+kept with probability `acceptance` (else corrupted) and sets the confidence logits to logit(acceptance): a drafter
+of known, perfectly calibrated quality. Which positions are corrupted is drawn once per (seed, row, position), so
+every contender run under the same seed meets the same luck whatever depths it drafts (common random numbers: a
+paired comparison measures the policies, not two different draws), and different seeds give different draws. The
+benchmark uses it to measure the scheduler and the loop for a drafter better than the shipped one; the real
+drafter pass still runs, so drafting costs what it costs.
 """
 
 from __future__ import annotations
@@ -76,20 +79,25 @@ def oracle_drafts(reference: torch.Tensor, seed: int = 0):
 
 
 def synthetic_drafts(reference: torch.Tensor, acceptance: float, seed: int = 0):
-    """reference [N, S]: the batch's own greedy output (row r of the batch continues as reference[r])."""
+    """reference [N, S]: the batch's own greedy output (row r of the batch continues as reference[r]). A draft of
+    position j of row r is wrong iff wrong[r, j], drawn once from `seed` with P = 1 - acceptance; positions past the
+    reference keep the drafter's own token."""
     if not 0.0 < acceptance < 1.0:
         raise ValueError(f"acceptance must be in (0, 1), got {acceptance}.")
     gen = torch.Generator().manual_seed(seed)
+    wrong_at = torch.rand(reference.shape, generator=gen) >= acceptance  # [N, S]
     logit = float(torch.logit(torch.tensor(acceptance, dtype=torch.float64)))
 
     def edit(drafter, out: Draft, prefix) -> Draft:
         tokens = out.tokens.clone()  # [n, B]
         n, b = tokens.shape
+        wrong = torch.zeros((n, b), dtype=torch.bool)
         for i in range(n):
             row, seq = prefix(i, tokens.new_zeros(0))
             cont = reference[row, seq.shape[0] : seq.shape[0] + b].to(tokens.device)
             tokens[i, : cont.shape[0]] = cont
-        wrong = (torch.rand((n, b), generator=gen) >= acceptance).to(tokens.device)
+            wrong[i, : cont.shape[0]] = wrong_at[row, seq.shape[0] : seq.shape[0] + b]
+        wrong = wrong.to(tokens.device)
         tokens[wrong] = (tokens[wrong] + 1) % drafter.config.vocab_size
         return Draft(tokens, out.q, torch.full((n, b), logit, device=tokens.device))
 

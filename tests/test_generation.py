@@ -16,7 +16,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 import hf_dspark
 import hf_dspark.generation as G
-from hf_dspark.scheduler import AdaptiveVerification, ConfidenceThreshold
+from hf_dspark.scheduler import AdaptiveVerification, ConfidenceThreshold, FixedLength, FullBlock
 from hf_dspark.step_table import StepTimeTable
 from hf_dspark.testing import FixedStepCosts, oracle_drafts, ragged_batch, synthetic_drafts
 
@@ -87,6 +87,25 @@ def test_synthetic_drafts_have_the_requested_quality_and_stay_exact(tiny_target,
         conf = conf[~conf.isnan()]  # NaN: slots past a step's depth (capped near max_new_tokens)
         assert torch.allclose(torch.sigmoid(conf), torch.full_like(conf, alpha))
     assert taus[0.2] < 1.6 < 2.5 < taus[0.9]
+
+
+def test_synthetic_drafts_draw_the_luck_once_per_position(tiny_target, tiny_drafter):
+    """Which drafted positions are wrong depends on (seed, row, position) only, so policies drafting different depths
+    under one seed meet the same luck: on the first step a depth-3 draft accepts min(what the full block accepts,
+    3) in every row. Another seed is another draw."""
+    enc = ragged_batch(256, seed=7)
+    ref = tiny_target.generate(**enc, max_new_tokens=20, do_sample=False, eos_token_id=None)
+    R = ref.shape[0]
+
+    def first_step(policy, seed):
+        with synthetic_drafts(ref, 0.7, seed=seed):
+            tiny_target.generate(**enc, max_new_tokens=20, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, verify_policy=policy)
+        return [a - 1 for a in tiny_drafter.last_stats.accepted_lengths[:R]]  # accepted drafts per row
+
+    full, three = first_step(FullBlock(), 5), first_step(FixedLength(3), 5)
+    assert three == [min(a, 3) for a in full]
+    assert any(a < 7 for a in full)  # some row met a wrong draft, so the comparison says something
+    assert [first_step(FullBlock(), s) for s in (6, 7, 8)] != [full] * 3
 
 
 def test_greedy_identical_with_processors(tiny_target, tiny_drafter, oracle):
