@@ -33,6 +33,7 @@ With no measurement at all, verify is the table's time and drafting is free: the
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import deque
@@ -58,6 +59,7 @@ class StepCosts:
         self.table = table
         self.window = window
         self._cells: dict[int, dict[int, tuple[float, float]]] = {}  # R -> L -> (verify s, draft s) means of the window
+        self._measured_at: dict[int, list[int]] = {}  # L -> sorted batch sizes R with a measured (R, L) cell
         self._recent: dict[tuple[int, int], deque[tuple[float, float]]] = {}  # (R, L) -> last `window` measurements
         self._prior: dict[tuple[int, int], list[float]] = {}  # (R, B) -> table seconds per depth
         self._scale: dict[tuple[int, int], list[float]] = {}  # (R, B) -> interpolated table seconds per depth
@@ -72,7 +74,10 @@ class StepCosts:
         recent = self._recent.setdefault((num_requests, depth), deque(maxlen=self.window))
         recent.append((max(step_seconds - draft_seconds, 0.0), draft_seconds))
         verify, draft = zip(*recent)
-        self._cells.setdefault(num_requests, {})[depth] = (statistics.fmean(verify), statistics.fmean(draft))
+        cells = self._cells.setdefault(num_requests, {})
+        if depth not in cells:
+            bisect.insort(self._measured_at.setdefault(depth, []), num_requests)
+        cells[depth] = (statistics.fmean(verify), statistics.fmean(draft))
 
     def measured(self, num_requests: int, depth: int) -> bool:
         """Whether a step at exactly (R, L) has been measured."""
@@ -100,6 +105,14 @@ class StepCosts:
             self._scale[key] = self.table.for_num_requests(num_requests).seconds_interpolated(n).tolist()
         return self._scale[key]
 
+    def _nearest_measured(self, num_requests: int, depth: int, block_size: int) -> int | None:
+        """The measured batch size nearest R at depth L (ties: the larger), inside the table at L: a step the loop
+        ran past max_batch_tokens (the warm-up's full block at a large R) has no table time to scale by."""
+        for r in _nearest(self._measured_at.get(depth, []), num_requests):
+            if math.isfinite(self._table_seconds(r, block_size)[depth]):
+                return r
+        return None
+
     def seconds(self, num_requests: int, block_size: int) -> Tensor:
         """Predicted seconds of a step at depth L = 0..B for R requests: [B + 1] float64 (inf = not allowed).
 
@@ -121,19 +134,26 @@ class StepCosts:
         for L in range(B + 1):  # a depth measured at R speaks for itself; elsewhere, the nearest R' scaled by the table
             if not math.isfinite(prior[L]):
                 continue
-            # R' must lie inside the table at L: a step the loop ran past max_batch_tokens (the warm-up's full block
-            # at a large R) has no table time to scale by
-            near = min(
-                (r for r, c in self._cells.items() if L in c and math.isfinite(self._table_seconds(r, B)[L])),
-                key=lambda r: (abs(r - R), -r),
-                default=None,
-            )
+            near = self._nearest_measured(R, L, B)
             if near is not None:
                 v, d = self._cells[near][L]
                 out[L] = v + d if near == R else (v + d) * self._scale_seconds(R, B)[L] / self._scale_seconds(near, B)[L]
         for L in range(B - 1, -1, -1):  # a step never costs more than a deeper one: it does a subset of its work
             out[L] = min(out[L], out[L + 1])
         return torch.tensor(out, dtype=torch.float64)
+
+
+def _nearest(rows: list[int], R: int):
+    """The values of the sorted list `rows` by distance to R, ties: the larger first."""
+    hi = bisect.bisect_left(rows, R)
+    lo = hi - 1
+    while lo >= 0 or hi < len(rows):
+        if hi < len(rows) and (lo < 0 or rows[hi] - R <= R - rows[lo]):
+            yield rows[hi]
+            hi += 1
+        else:
+            yield rows[lo]
+            lo -= 1
 
 
 def _line(cells: dict[int, tuple[float, float]], block_size: int) -> list[float]:
