@@ -253,8 +253,8 @@ class Bench:
 
     def _with_synthetic_drafts(self, run, encoded, reference):
         """Each batch drafts its own plain output with per-token acceptance `synthetic_acceptance`; which tokens are
-        wrong is drawn per call (`self._draw`: pass and batch), the same for every contender of the call. (Until
-        a7b5bc2 every call used the same draw, so each contender met one realization of luck over and over.)"""
+        wrong is drawn per call (`self._draw`: pass and batch), the same for every contender of the call. (Before
+        9a2fc6c every call used the same draw, so each contender met one realization of luck over and over.)"""
         from .testing import synthetic_drafts
 
         by_batch = {id(enc): ref for enc, ref in zip(encoded, reference)}
