@@ -673,12 +673,8 @@ class AdaptiveVerification(VerifyPolicy):
         if use is not None and use.shape != (num_requests,):
             raise ValueError(f"usable must have one entry per request ({num_requests}), got shape {use.shape}.")
         self._block_size, self._usable = block_size, use
-        if self._survival is not None and self._survival.shape[1] == block_size:
-            s = np.minimum(self._survival * self.acceptance_ratio, 1.0) if self._outcomes else self._survival
-            survival = s.mean(0)  # [B]
-        elif self.prior_survival is not None and self.prior_survival.shape[1] == block_size:
-            survival = self.prior_survival[0].numpy()  # nothing drafted yet: the drafter's held-out tau says what to expect
-        else:
+        survival = self._decision_survival(block_size)  # [B]
+        if survival is None:
             return block_size  # nothing drafted yet and no prior: warm up with the full block
         seconds = self.costs.seconds(num_requests, block_size).numpy()  # [B + 1]
         depth = _rate_depth(survival, seconds, num_requests, use)
@@ -702,6 +698,17 @@ class AdaptiveVerification(VerifyPolicy):
             return 0
         self._skipped, self._skipped_s, self._interval = 0, 0.0, min(2 * self._interval, self.max_probe_every)
         return probe
+
+    def _decision_survival(self, block_size: int) -> np.ndarray | None:
+        """The mean survival [B] the next decision uses: the latest drafted step's, scaled by rho (capped at 1), or
+        the prior until a step has drafted (the drafter's held-out tau says what to expect); None when neither fits
+        the block."""
+        if self._survival is not None and self._survival.shape[1] == block_size:
+            s = np.minimum(self._survival * self.acceptance_ratio, 1.0) if self._outcomes else self._survival
+            return s.mean(0)
+        if self.prior_survival is not None and self.prior_survival.shape[1] == block_size:
+            return self.prior_survival[0].numpy()
+        return None
 
     def observe_step(self, num_requests, depth, step_seconds, draft_seconds, accepted=None):
         self.costs.observe(num_requests, depth, step_seconds, draft_seconds)

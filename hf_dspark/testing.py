@@ -105,16 +105,18 @@ def synthetic_drafts(reference: torch.Tensor, acceptance: float, seed: int = 0):
 
 
 class FixedStepCosts(StepCosts):
-    """Step costs that ignore measurements: `seconds(R, B)` is the given per-depth list [depth 0, 1, ..., B]."""
+    """Step costs that ignore measurements: `seconds(R, B)` is the given per-depth list [depth 0, 1, ..., B], or
+    what a callable gives for R (a cost model that depends on the batch size)."""
 
-    def __init__(self, seconds: list[float]):
+    def __init__(self, seconds: list[float] | Callable[[int], list[float]]):
         super().__init__(StepTimeTable([1, 2], [2.0, 1.0], max_batch_tokens=2))  # never consulted
-        self.fixed = torch.tensor(seconds, dtype=torch.float64)
+        self.fixed = seconds if callable(seconds) else (lambda _, fixed=list(seconds): fixed)
 
     def seconds(self, num_requests: int, block_size: int) -> torch.Tensor:
-        if self.fixed.numel() < block_size + 1:
-            raise ValueError(f"FixedStepCosts has {self.fixed.numel()} entries; the block needs {block_size + 1}.")
-        return self.fixed[: block_size + 1]
+        fixed = torch.tensor(self.fixed(num_requests), dtype=torch.float64)
+        if fixed.numel() < block_size + 1:
+            raise ValueError(f"FixedStepCosts has {fixed.numel()} entries; the block needs {block_size + 1}.")
+        return fixed[: block_size + 1]
 
     def observe(self, *args, **kwargs) -> None:
         pass

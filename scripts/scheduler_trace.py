@@ -39,11 +39,11 @@ def main() -> None:
     choose, observe, trace = policy.draft_depth, policy.observe_step, []
 
     def traced_depth(n, block_size, usable=None):
-        survival = None if policy._survival is None else np.minimum(policy._survival * policy.acceptance_ratio, 1).mean(0)
+        survival = policy._decision_survival(block_size)  # what the decision below uses
         depth = choose(n, block_size, usable)
         seconds = policy.costs.seconds(n, block_size)
         line = f"R={n} depth={depth} predicted_s={np.round(seconds.numpy(), 3).tolist()} rho={policy.acceptance_ratio:.3f}"
-        if survival is not None and survival.shape[0] == block_size:
+        if survival is not None:
             line += f" survival={np.round(survival, 2).tolist()}"
             if usable is not None and n > 1:  # what the static-batch model expects for the rest of the call
                 one = policy.costs.seconds(1, block_size).numpy()

@@ -15,7 +15,9 @@ import random
 
 import torch
 
-from hf_dspark.scheduler import best_depth, static_batch_seconds
+from hf_dspark.scheduler import AdaptiveVerification
+from hf_dspark.step_table import StepTimeTable
+from hf_dspark.testing import FixedStepCosts
 
 
 def main() -> None:
@@ -31,24 +33,17 @@ def main() -> None:
     p.add_argument("--draft-per-depth", type=float, default=0.075)
     a = p.parse_args()
     B = a.block_size
-    survival = (a.alpha ** torch.arange(1, B + 1, dtype=torch.float64))[None]  # [1, B], exactly calibrated
+    survival = a.alpha ** torch.arange(1, B + 1, dtype=torch.float64)  # [B], exactly calibrated
 
     def cost(R: int, L: int) -> float:
         return a.verify0 + a.per_token * R * (L + 1) + (a.draft0 + a.draft_per_depth * L if L else 0.0)
 
-    def rule(static_batch: bool):  # the scheduler's rule (AdaptiveVerification.draft_depth), with the costs known exactly
-        def choose(left: list[int]) -> int:
-            seconds = torch.tensor([cost(len(left), L) for L in range(B + 1)], dtype=torch.float64)
-            usable = torch.tensor(left) - 1
-            depth = best_depth(survival, seconds, usable=usable)
-            if depth and static_batch and len(left) > 1:
-                one = torch.tensor([cost(1, L) for L in range(B + 1)], dtype=torch.float64)
-                call_seconds = static_batch_seconds(survival, seconds, one, usable)
-                if call_seconds[depth] > call_seconds[0]:
-                    depth = int(torch.argmin(call_seconds))
-            return depth
-
-        return choose
+    def rule(static_batch: bool):  # the scheduler itself (AdaptiveVerification.draft_depth), the costs known exactly
+        costs = FixedStepCosts(lambda R: [cost(R, L) for L in range(B + 1)])
+        table = StepTimeTable([1, 2], [2.0, 1.0], max_batch_tokens=2)  # never consulted: the costs are given
+        # probe_budget 0: no probes (a probe would never pay here); no step is verified, so the survival stays exact
+        policy = AdaptiveVerification(table, costs=costs, prior_survival=survival, probe_budget=0.0, static_batch=static_batch)
+        return lambda left: policy.draft_depth(len(left), B, usable=torch.tensor(left) - 1)
 
     def run(R: int, rule, rng: random.Random) -> float:
         left, seconds = [a.max_new_tokens] * R, 0.0
