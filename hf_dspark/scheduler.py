@@ -36,6 +36,7 @@ The policies run on CPU (the loop needs host-side lengths to lay out the ragged 
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections import deque
@@ -276,17 +277,30 @@ def best_depth(
             f"stale_survival has no rows, so it says nothing about a batch of {R} requests; "
             "draft the full block until a step with requests has been seen."
         )
-    return _rate_depth(s.mean(0).cpu().numpy(), seconds.cpu().numpy(), R, None if usable is None else usable.cpu().numpy())
+    return _rate_depth(s.mean(0).cpu().numpy(), seconds.tolist(), R, None if usable is None else usable.cpu().numpy())
 
 
-def _rate_depth(survival: np.ndarray, seconds: np.ndarray, num_requests: int, usable: np.ndarray | None) -> int:
-    """`best_depth` on checked input: mean survival [B], seconds [B + 1], usable [R] or None. numpy: it runs before
-    every step, where torch's per-op cost on a few numbers (~10 us each on two threads) would dominate."""
-    B = survival.shape[0]
-    rows_at = num_requests if usable is None else (usable[:, None] > np.arange(B)).sum(0)  # [B] requests that can use draft k
-    expected = np.zeros(B + 1)  # [B + 1] expected committed tokens at depth 0..B
-    np.cumsum(survival * rows_at, out=expected[1:])
-    return int(np.argmax((expected + num_requests) / seconds))  # the first maximum: the smallest L on ties
+def _rate_depth(survival: np.ndarray, seconds: list[float], num_requests: int, usable: np.ndarray | None) -> int:
+    """`best_depth` on checked input: mean survival [B], B + 1 seconds, usable [R] or None."""
+    return _first_max(_rates(survival, seconds, num_requests, usable))  # the smallest L on ties
+
+
+def _rates(survival: np.ndarray, seconds: list[float], num_requests: int, usable: np.ndarray | None) -> list[float]:
+    """B + 1 expected committed tokens per second of a step at depth 0..B (see `best_depth`).
+
+    Python floats: it runs before every step, right after a forward has evicted the caches, where numpy's per-call
+    cost on 8 numbers dominated (~120 us per decision in the loop at batch 1 against ~5 us measured alone)."""
+    left = None if usable is None else sorted(usable.tolist())  # drafts each request can still commit
+    tokens, rates = float(num_requests), [num_requests / seconds[0]]
+    for k, s_k in enumerate(survival.tolist()):
+        tokens += s_k * (num_requests if left is None else len(left) - bisect.bisect_right(left, k))  # requests that can use draft k
+        rates.append(tokens / seconds[k + 1])
+    return rates
+
+
+def _first_max(values: list[float]) -> int:
+    """Index of the first maximum."""
+    return max(range(len(values)), key=values.__getitem__)
 
 
 def _checked_seconds(step_seconds: Tensor, block_size: int) -> Tensor:
@@ -397,9 +411,10 @@ def _static_batch_seconds(survival: np.ndarray, full: np.ndarray, one: np.ndarra
     return seconds
 
 
-def _drafting_depth(survival: np.ndarray, seconds: np.ndarray, num_requests: int, usable: np.ndarray | None) -> int:
-    """The best depth L >= 1 (`best_depth` with the plain step ruled out): what a probe drafts."""
-    return _rate_depth(survival, np.concatenate([[math.inf], seconds[1:]]), num_requests, usable)
+def _drafting_depth(rates: list[float]) -> int:
+    """The best depth L >= 1 by the rates of depth 0..B (`best_depth` with the plain step ruled out): what a probe
+    drafts."""
+    return 1 + _first_max(rates[1:])
 
 
 def geometric_survival(mean_accepted_length: float, block_size: int) -> Tensor:
@@ -590,7 +605,16 @@ class AdaptiveVerification(VerifyPolicy):
       doubling the interval after each probe that confirms the skip, up to `max_probe_every`, and never before the
       probe's predicted extra seconds (over a plain step) are at most `probe_budget` of the seconds spent in the
       skipped steps (a depth-1 probe cost ~2 extra plain steps at batch 64 and ~1 at batch 1 on a CPU, so at 1% it
-      waits ~100-200 plain steps; at 3% the probes took ~2% of the time at batch 1 with the shipped drafter);
+      waits ~100-200 plain steps; at 3% the probes took ~2% of the time at batch 1 with the shipped drafter). Each
+      probe that the next decision does not follow halves that share, down to a quarter of `probe_budget`: a
+      drafter that keeps failing costs less and less (at 1% the probes and the scheduler's bookkeeping lost ~2% at
+      batch 1 with the shipped drafter), and one drafting decision restores it;
+    - a close call goes to a fresh measurement: when drafting wins by a factor g < 1 + `remeasure_margin` (per
+      step, or over the static batch) over a plain price last measured n steps ago, and the plain step would cost
+      at most `remeasure_budget` of those steps (1 - 1/g <= remeasure_budget n: g = 1.05 after 10 steps, 1.2
+      after 33 at 0.5%), the step runs plain instead, so the plain price the decisions compare against is recent
+      (`StepCosts` weighs the new measurement most). A drifting machine had made a plain price learned 30 s
+      earlier 20% too high, and drafting at synthetic batch 64 ran 17% slower than plain decoding;
     - every request verifies the L drafts; their calibrated confidences become the survival for the next
       decision (positions beyond L repeat the last drafted position's conditional confidence);
     - the survival is kept honest by what verification found: it is scaled by rho = (accepted + 1) / (predicted
@@ -619,6 +643,8 @@ class AdaptiveVerification(VerifyPolicy):
             probe every `probe_every`.. `max_probe_every` skipped steps whatever a probe costs).
         static_batch: draft only where it pays over the whole static batch (`static_batch_seconds`); True for generate(),
             whose batch waits for its slowest request; False where finished requests are replaced at once.
+        remeasure_margin, remeasure_budget: the relative gain of drafting below which the plain price is measured
+            again, and the most of the steps since its last measurement that doing so may cost (0: never).
     """
 
     needs_confidence = True
@@ -635,6 +661,8 @@ class AdaptiveVerification(VerifyPolicy):
         prior_survival: Tensor | None = None,
         probe_budget: float = 0.01,
         static_batch: bool = True,
+        remeasure_margin: float = 0.25,
+        remeasure_budget: float = 0.005,
     ):
         if not 1 <= probe_every <= max_probe_every:
             raise ValueError(f"Need 1 <= probe_every <= max_probe_every, got {probe_every} and {max_probe_every}.")
@@ -642,6 +670,9 @@ class AdaptiveVerification(VerifyPolicy):
             raise ValueError(f"acceptance_window must be >= 0, got {acceptance_window}.")
         if not probe_budget >= 0:
             raise ValueError(f"probe_budget must be a fraction >= 0 (math.inf: no budget), got {probe_budget}.")
+        if not (remeasure_margin >= 0 and remeasure_budget >= 0):
+            raise ValueError(f"Need remeasure_margin >= 0 and remeasure_budget >= 0, got {remeasure_margin} and {remeasure_budget}.")
+        self.remeasure_margin, self.remeasure_budget = float(remeasure_margin), float(remeasure_budget)
         self.prior_survival = None if prior_survival is None else _checked_survival(torch.as_tensor(prior_survival).reshape(1, -1))
         self.probe_budget = float(probe_budget)
         self.static_batch = static_batch
@@ -652,15 +683,17 @@ class AdaptiveVerification(VerifyPolicy):
         self._survival: np.ndarray | None = None  # [R', B] float64 survival of the latest drafted step
         self._block_size: int | None = None
         self._usable: np.ndarray | None = None  # [R] drafts each request of the current step can still commit
+        self._decision: tuple[int, np.ndarray | None] | None = None  # (B, what _decision_survival gives) until it changes
         self._skipped, self._interval = 0, probe_every
+        self._probes = 0  # probes since the last drafting decision (each confirmed the skip)
         self._skipped_s = 0.0  # seconds of the plain steps since the last drafted step
         self._predicted = 0.0  # expected accepted drafts of the step being verified (sum of its verified survival)
         self._outcomes: deque[tuple[float, int]] = deque(maxlen=acceptance_window)  # (predicted, accepted) per drafted step
 
     def reset(self) -> None:
         if not self.carry_over:
-            self._survival = None
-            self._skipped, self._skipped_s, self._interval = 0, 0.0, self.probe_every
+            self._survival, self._decision = None, None
+            self._skipped, self._skipped_s, self._interval, self._probes = 0, 0.0, self.probe_every, 0
             self._outcomes.clear()
 
     @property
@@ -676,39 +709,49 @@ class AdaptiveVerification(VerifyPolicy):
         survival = self._decision_survival(block_size)  # [B]
         if survival is None:
             return block_size  # nothing drafted yet and no prior: warm up with the full block
-        seconds = self.costs.seconds(num_requests, block_size).numpy()  # [B + 1]
-        depth = _rate_depth(survival, seconds, num_requests, use)
+        seconds = self.costs.seconds(num_requests, block_size).tolist()  # B + 1
+        rates = _rates(survival, seconds, num_requests, use)  # B + 1 tokens per second
+        depth = _first_max(rates)
+        gain = rates[depth] / rates[0] if rates[0] > 0 else math.inf  # how much faster than plain decoding drafting looks
         if depth > 0 and self.static_batch and use is not None and num_requests > 1:
             # drafting pays per step; does it still pay once the batch's ragged finish is priced?
-            call_seconds = _static_batch_seconds(survival, seconds, self.costs.seconds(1, block_size).numpy(), use)
+            one = self.costs.seconds(1, block_size).numpy()
+            call_seconds = _static_batch_seconds(survival, np.array(seconds), one, use)
             if call_seconds[depth] > call_seconds[0]:
                 depth = int(np.argmin(call_seconds))  # no: the depth that finishes the call soonest, maybe plain
+            gain = call_seconds[0] / call_seconds[depth]
         if depth > 0:
-            self._skipped, self._skipped_s, self._interval = 0, 0.0, self.probe_every
+            self._skipped, self._skipped_s, self._interval, self._probes = 0, 0.0, self.probe_every, 0
+            if gain < 1.0 + self.remeasure_margin and self.costs.age(0) * self.remeasure_budget >= 1.0 - 1.0 / gain:
+                return 0  # a close call against a plain price measured long ago: measure it again
             return depth
         self._skipped += 1
         if self._skipped <= self._interval:
             return 0
         budgeted = self.probe_budget < math.inf
-        allowance = self.probe_budget * self._skipped_s  # extra seconds a probe may cost now
-        if budgeted and not float(seconds[1:].min() - seconds[0]) <= allowance:
+        allowance = self.probe_budget / 2 ** min(self._probes, 2) * self._skipped_s  # extra seconds a probe may cost now
+        if budgeted and not min(seconds[1:]) - seconds[0] <= allowance:
             return 0  # even the cheapest probe would cost more than its share of the time spent skipping
-        probe = _drafting_depth(survival, seconds, num_requests, use)
-        if budgeted and not float(seconds[probe] - seconds[0]) <= allowance:
+        probe = _drafting_depth(rates)
+        if budgeted and not seconds[probe] - seconds[0] <= allowance:
             return 0
         self._skipped, self._skipped_s, self._interval = 0, 0.0, min(2 * self._interval, self.max_probe_every)
+        self._probes += 1
         return probe
 
     def _decision_survival(self, block_size: int) -> np.ndarray | None:
         """The mean survival [B] the next decision uses: the latest drafted step's, scaled by rho (capped at 1), or
         the prior until a step has drafted (the drafter's held-out tau says what to expect); None when neither fits
-        the block."""
+        the block. Kept until a drafted step changes it (plain steps reuse it)."""
+        if self._decision is not None and self._decision[0] == block_size:
+            return self._decision[1]
+        s = None
         if self._survival is not None and self._survival.shape[1] == block_size:
-            s = np.minimum(self._survival * self.acceptance_ratio, 1.0) if self._outcomes else self._survival
-            return s.mean(0)
-        if self.prior_survival is not None and self.prior_survival.shape[1] == block_size:
-            return self.prior_survival[0].numpy()
-        return None
+            s = (np.minimum(self._survival * self.acceptance_ratio, 1.0) if self._outcomes else self._survival).mean(0)
+        elif self.prior_survival is not None and self.prior_survival.shape[1] == block_size:
+            s = self.prior_survival[0].numpy()
+        self._decision = (block_size, s)
+        return s
 
     def observe_step(self, num_requests, depth, step_seconds, draft_seconds, accepted=None):
         self.costs.observe(num_requests, depth, step_seconds, draft_seconds)
@@ -716,12 +759,13 @@ class AdaptiveVerification(VerifyPolicy):
             self._skipped_s += step_seconds
         if depth > 0 and accepted is not None:
             self._outcomes.append((self._predicted, int(accepted.sum())))
+            self._decision = None
 
     def _lengths(self, conf_logits, num_requests, block_size):
         c = _calibrated_confidence(conf_logits, self.temperatures).numpy().astype(np.float64)  # [R, L]
         B = max(self._block_size or block_size, block_size)
         c = np.concatenate([c, np.repeat(c[:, -1:], B - block_size, axis=1)], axis=1)  # [R, B]: past the drafted depth
-        self._survival = np.cumprod(c, axis=1)
+        self._survival, self._decision = np.cumprod(c, axis=1), None
         verified = self._survival[:, :block_size]  # [R, L]; the loop cuts a request at what it can still emit
         if self._usable is not None and self._usable.shape[0] == num_requests:
             verified = verified * (np.arange(block_size) < self._usable[:, None])

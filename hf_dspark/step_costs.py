@@ -13,8 +13,14 @@ up to L of them; L = 0 is a plain target step that skips the drafter) takes
 The step table measures only the target forward, outside the loop; the rest of a step (the drafter, per-row
 Python work, cache compaction) is what made a table-only price too optimistic under load. So `StepCosts` keeps the
 mean of the last `window` measured verify and draft seconds per (R, L) -- a mean, not a median: throughput is
-tokens over total time, so every slow step counts, whatever made it slow -- and predicts a cell it has not
-measured:
+tokens over total time, so every slow step counts, whatever made it slow -- weighted by recency: a measurement
+`half_life` observed steps older than another weighs half as much. In a run of steps at one cell, the window's
+nine measurements weigh 1 down to 1/4 (default half_life 4: worth ~7 equal ones); a cell measured again after a gap
+(a probe after a run of plain steps, a plain step after a run of drafting) is priced almost only by the new
+measurement (97% after 28 steps). Machines drift (a CPU's step time moved 0.43 -> 0.36 s
+within one benchmark), and a cell last measured in another phase, compared with one measured now, chose
+drafting at synthetic batch 64 where plain decoding was 17% faster. `age(L)` tells the scheduler how stale a
+depth's price is. It predicts a cell it has not measured:
 - verify: the table's time T_R(R (L + 1)) scaled by the smallest measured/table ratio of the cells measured at R
   (optimistic, so an unmeasured depth that might be the best gets tried once and is known from then on);
 - draft: the least-squares line (intercept and slope >= 0) through the measured depths at R; with one depth
@@ -35,7 +41,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import statistics
 from collections import deque
 
 import torch
@@ -51,16 +56,21 @@ class StepCosts:
         table: the device's step table (prior for the target forward; `for_num_requests(R)` picks the curve).
         window: how many recent measurements of a cell its mean covers (older ones are forgotten, so the costs
             follow a machine whose speed drifts).
+        half_life: observed steps after which a measurement weighs half as much as a new one in its cell's mean.
     """
 
-    def __init__(self, table: StepTimeTable, window: int = 9):
+    def __init__(self, table: StepTimeTable, window: int = 9, half_life: float = 4.0):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}.")
+        if not half_life > 0:
+            raise ValueError(f"half_life must be > 0 observed steps, got {half_life}.")
         self.table = table
-        self.window = window
+        self.window, self.half_life = window, float(half_life)
+        self._clock = 0  # steps observed so far
+        self._last_seen: dict[int, int] = {}  # L -> clock of the latest step measured at depth L (any R)
         self._cells: dict[int, dict[int, tuple[float, float]]] = {}  # R -> L -> (verify s, draft s) means of the window
         self._measured_at: dict[int, list[int]] = {}  # L -> sorted batch sizes R with a measured (R, L) cell
-        self._recent: dict[tuple[int, int], deque[tuple[float, float]]] = {}  # (R, L) -> last `window` measurements
+        self._recent: dict[tuple[int, int], deque[tuple[int, float, float]]] = {}  # (R, L) -> last `window` (clock, verify, draft)
         self._prior: dict[tuple[int, int], list[float]] = {}  # (R, B) -> table seconds per depth
         self._scale: dict[tuple[int, int], list[float]] = {}  # (R, B) -> interpolated table seconds per depth
 
@@ -71,17 +81,32 @@ class StepCosts:
         if not (math.isfinite(step_seconds) and math.isfinite(draft_seconds) and 0.0 <= draft_seconds):
             raise ValueError(f"Step timings must be finite and >= 0, got {step_seconds} and {draft_seconds}.")
         draft_seconds = draft_seconds if depth else 0.0  # a plain step has no drafter pass
+        self._tick(depth)
         recent = self._recent.setdefault((num_requests, depth), deque(maxlen=self.window))
-        recent.append((max(step_seconds - draft_seconds, 0.0), draft_seconds))
-        verify, draft = zip(*recent)
+        recent.append((self._clock, max(step_seconds - draft_seconds, 0.0), draft_seconds))
+        weights = [0.5 ** ((self._clock - clock) / self.half_life) for clock, _, _ in recent]
+        total = sum(weights)
         cells = self._cells.setdefault(num_requests, {})
         if depth not in cells:
             bisect.insort(self._measured_at.setdefault(depth, []), num_requests)
-        cells[depth] = (statistics.fmean(verify), statistics.fmean(draft))
+        cells[depth] = (
+            sum(w * v for w, (_, v, _) in zip(weights, recent)) / total,
+            sum(w * d for w, (_, _, d) in zip(weights, recent)) / total,
+        )
+
+    def _tick(self, depth: int) -> None:
+        """Advance the clock by one observed step at depth L."""
+        self._clock += 1
+        self._last_seen[depth] = self._clock
 
     def measured(self, num_requests: int, depth: int) -> bool:
         """Whether a step at exactly (R, L) has been measured."""
         return depth in self._cells.get(num_requests, {})
+
+    def age(self, depth: int) -> float:
+        """Steps observed since a step at depth L (any batch size) was last measured; inf if never."""
+        seen = self._last_seen.get(depth)
+        return math.inf if seen is None else float(self._clock - seen)
 
     def _table_seconds(self, num_requests: int, block_size: int) -> list[float]:
         """T_R(R (L + 1)) for L = 0..B: B + 1 floats; inf where the batch exceeds the table's max_batch_tokens.

@@ -106,7 +106,7 @@ def synthetic_drafts(reference: torch.Tensor, acceptance: float, seed: int = 0):
 
 class FixedStepCosts(StepCosts):
     """Step costs that ignore measurements: `seconds(R, B)` is the given per-depth list [depth 0, 1, ..., B], or
-    what a callable gives for R (a cost model that depends on the batch size)."""
+    what a callable gives for R (a cost model that depends on the batch size). `age(L)` counts steps as usual."""
 
     def __init__(self, seconds: list[float] | Callable[[int], list[float]]):
         super().__init__(StepTimeTable([1, 2], [2.0, 1.0], max_batch_tokens=2))  # never consulted
@@ -118,5 +118,5 @@ class FixedStepCosts(StepCosts):
             raise ValueError(f"FixedStepCosts has {fixed.numel()} entries; the block needs {block_size + 1}.")
         return fixed[: block_size + 1]
 
-    def observe(self, *args, **kwargs) -> None:
-        pass
+    def observe(self, num_requests: int, depth: int, step_seconds: float, draft_seconds: float = 0.0) -> None:
+        self._tick(depth)  # the prices stay fixed; `age` still counts the steps

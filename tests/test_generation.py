@@ -308,8 +308,10 @@ def skipping_policy() -> AdaptiveVerification:
 
 def mid_depth_policy() -> AdaptiveVerification:
     """The scheduler where each drafted token costs as much as half a plain step: it drafts a few tokens deep (the
-    per-step rule, static_batch=False, so the depth follows the per-step arithmetic of the tests)."""
-    return AdaptiveVerification(TABLE, costs=FixedStepCosts([1.0 + 0.5 * L for L in range(9)]), static_batch=False)
+    per-step rule alone -- static_batch=False, no plain re-measuring -- so the depth follows the per-step arithmetic
+    of the tests)."""
+    costs = FixedStepCosts([1.0 + 0.5 * L for L in range(9)])
+    return AdaptiveVerification(TABLE, costs=costs, static_batch=False, remeasure_margin=0)
 
 
 @pytest.mark.parametrize("policy", ["full", "threshold", "adaptive", "adaptive_skip", "adaptive_mid_depth"])

@@ -209,11 +209,11 @@ def test_adaptive_skips_drafting_when_it_does_not_pay_and_probes_with_backoff():
     # skip 2, probe, skip 4, probe, skip 8, probe, skip 8, ...; probes draft the best positive depth only
     assert run(policy, 30)[:18] == [0, 0, 1, 0, 0, 0, 0, 1] + [0] * 8 + [1, 0]
     # the default budget (1%): a probe costing 0.6 plain steps waits for 60 plain steps (61: 60 x 0.1 s rounds
-    # below 6 s), whatever probe_every says
+    # below 6 s), whatever probe_every says; each probe that finds nothing halves the budget, down to a quarter
     frugal = AdaptiveVerification(table, probe_every=2, max_probe_every=8, costs=costs)
     frugal.draft_depth(1, 7)
     frugal.lengths(weak, 7)
-    assert run(frugal, 124) == ([0] * 61 + [1]) * 2
+    assert run(frugal, 62 + 122 + 2 * 241) == [0] * 61 + [1] + [0] * 121 + [1] + ([0] * 240 + [1]) * 2
     strong = torch.full((1, 1), 8.0)
     policy.lengths(strong, 1)  # a probe that finds drafting worthwhile again (deeper slots extrapolated)
     assert [policy.draft_depth(1, 7) for _ in range(3)] == [7, 7, 7]
@@ -227,6 +227,39 @@ def test_adaptive_skips_drafting_when_it_does_not_pay_and_probes_with_backoff():
     assert carried.draft_depth(1, 7) == 0
     with pytest.raises(ValueError, match="probe_every"):
         AdaptiveVerification(table, probe_every=0)
+
+
+def test_a_close_call_against_a_stale_plain_price_measures_plain_again():
+    """The machine speeds up from 1.2x to 1x while the scheduler drafts: the plain price it learned while slow makes
+    drafting look 16% better when it is 3% worse. A plain step measured again (after ~28 drafted steps at a 0.5%
+    budget) shows it, and the scheduler stops drafting; without re-measuring it drafts on."""
+    table = StepTimeTable([1, 2], [1.0, 1.0 / 1.2], max_batch_tokens=64)
+    z = torch.full((1, 1), math.log(0.45 / 0.55))  # survival 0.45: 1.45 tokens per drafting step
+    plain_s, draft_s, verify_s = 1.0, 0.3, 1.2  # at speed 1: drafting costs 1.5 plain steps for 1.45x the tokens
+
+    def run(policy, steps):
+        for _ in range(9):
+            policy.observe_step(1, 0, 1.2 * plain_s, 0.0)  # measured while the machine was slow
+        for _ in range(9):
+            policy.observe_step(1, 1, verify_s + draft_s, draft_s)  # then fast, drafting
+        policy.lengths(z, 1)
+        depths = []
+        for _ in range(steps):  # the machine stays fast
+            depth = policy.draft_depth(1, 1)
+            if depth:
+                policy.lengths(z, 1)
+            policy.observe_step(1, depth, verify_s + draft_s if depth else plain_s, draft_s if depth else 0.0)
+            depths.append(depth)
+        return depths
+
+    kept = run(AdaptiveVerification(table, remeasure_budget=0.0), 60)
+    assert kept == [1] * 60
+    fresh = run(AdaptiveVerification(table), 60)
+    first_plain = fresh.index(0)
+    assert 9 + first_plain == 28  # 1 - 1 / 1.16 = 0.14 <= 0.005 x steps since the plain price (9 before the loop)
+    assert fresh[first_plain:first_plain + 20] == [0] * 20  # from then on the scheduler skips (probes come later)
+    with pytest.raises(ValueError, match="remeasure"):
+        AdaptiveVerification(table, remeasure_budget=-1)
 
 
 def test_adaptive_corrects_an_overconfident_head_with_what_verification_accepted():
@@ -367,7 +400,7 @@ def test_static_policies():
 def test_adaptive_warms_up_with_the_full_block_then_drafts_the_best_depth_of_the_latest_survival():
     table, gen = staircase_table(), torch.Generator().manual_seed(6)
     seconds = [1.0] + [1.3 + 0.1 * L for L in range(1, 6)]
-    policy = AdaptiveVerification(table, costs=FixedStepCosts(seconds))
+    policy = AdaptiveVerification(table, costs=FixedStepCosts(seconds), remeasure_margin=0)  # the per-step rule alone
     for _ in range(2):  # reset() forgets the survival
         policy.reset()
         last = None
@@ -489,10 +522,13 @@ def test_before_any_draft_the_prior_is_the_survival():
     table = StepTimeTable([1, 8], [10.0, 9.0], max_batch_tokens=64)
     cheap = FixedStepCosts([0.1] + [0.1 + 0.002 * L for L in range(1, 8)])
     dear = FixedStepCosts([0.1] + [0.15 + 0.01 * L for L in range(1, 8)])
-    first = lambda prior, costs: AdaptiveVerification(table, costs=costs, prior_survival=prior, probe_budget=math.inf).draft_depth(1, 7)  # noqa: E731
+    first = lambda prior, costs, margin=0.0: AdaptiveVerification(  # noqa: E731
+        table, costs=costs, prior_survival=prior, probe_budget=math.inf, remeasure_margin=margin
+    ).draft_depth(1, 7)
     weak, strong = geometric_survival(1.108, 7), geometric_survival(6.5, 7)  # weak: the shipped drafter's tau
     assert first(None, dear) == 7
     assert first(weak, cheap) == 1 and first(strong, cheap) == 7 and first(strong, dear) == 7
+    assert first(weak, cheap, margin=0.1) == 0  # a 7% gain over a plain price never measured: measure it first
     assert first(geometric_survival(6.5, 4), dear) == 7  # a prior for another block size is ignored
     policy = AdaptiveVerification(table, costs=dear, prior_survival=weak, probe_budget=math.inf)
     depths = []
@@ -554,6 +590,7 @@ def test_static_batch_drafts_only_when_it_pays_after_the_ragged_finish():
 
     def policy(gain, static_batch=True):  # depth 3 (besides plain) commits per_row tokens in per_row / gain plain steps
         costs = FixedStepCosts([1.0, math.inf, math.inf, per_row / gain] + [math.inf] * 4)
+        costs.observe(16, 0, 1.0)  # the plain price is fresh: no re-measuring
         return AdaptiveVerification(table, costs=costs, prior_survival=survival[0], static_batch=static_batch)
 
     many, one = torch.full((16,), 31), torch.full((1,), 31)

@@ -23,7 +23,7 @@ def test_without_measurements_the_table_prices_the_padded_batch_and_drafting_is_
 
 
 def test_measured_cells_are_means_of_the_recent_steps():
-    costs = StepCosts(linear_table(), window=3)
+    costs = StepCosts(linear_table(), window=3, half_life=math.inf)  # equal weights
     costs.observe(4, 2, step_seconds=0.5, draft_seconds=0.1)
     assert costs.measured(4, 2) and not costs.measured(4, 3) and not costs.measured(3, 2)
     assert float(costs.seconds(4, 7)[2]) == pytest.approx(0.5)
@@ -36,6 +36,24 @@ def test_measured_cells_are_means_of_the_recent_steps():
     assert float(costs.seconds(4, 7)[2]) == pytest.approx(0.9)
     costs.observe(4, 0, step_seconds=0.2, draft_seconds=0.05)  # a plain step never spends time in the drafter
     assert float(costs.seconds(4, 7)[0]) == pytest.approx(0.2)
+
+
+def test_a_cell_measured_again_after_a_long_gap_follows_the_new_measurement():
+    costs = StepCosts(linear_table(), window=9, half_life=8)
+    for _ in range(9):  # plain steps while the machine was slow
+        costs.observe(4, 0, step_seconds=0.43)
+    assert costs.age(0) == 0 and costs.age(3) == math.inf
+    for _ in range(64):  # a run of drafting steps
+        costs.observe(4, 3, step_seconds=1.0, draft_seconds=0.3)
+    assert costs.age(0) == 64 and costs.age(3) == 0
+    costs.observe(4, 0, step_seconds=0.36)  # the machine got faster meanwhile
+    # the new measurement weighs 1, the eight old ones left in the window 2^(-age / 8) at ages 65..72
+    old = sum(0.5 ** (age / 8) for age in range(65, 73))
+    assert float(costs.seconds(4, 7)[0]) == pytest.approx((0.36 + old * 0.43) / (1 + old))
+    assert float(costs.seconds(4, 7)[0]) < 0.362  # 99% the new one
+    assert costs.age(0) == 0 and costs.age(3) == 1
+    with pytest.raises(ValueError, match="half_life"):
+        StepCosts(linear_table(), half_life=0)
 
 
 def test_unmeasured_depths_scale_the_table_and_follow_the_drafter_line():
