@@ -7,7 +7,8 @@ drafter pass `draft0 + draft_per_depth * L` (defaults fitted by hand to this CPU
 ~0.55 s, depth 4 ~1.95 s), every draft survives with probability alpha, finished requests leave the batch. Prints
 each rule's throughput relative to plain decoding, averaged over `--trials` seeds. Used to ask whether the per-step
 rate rule (what `best_depth` maximizes) loses to ragged finishes when the costs are known exactly, and what the
-static-batch rule (`static_batch_seconds`, as `AdaptiveVerification(static_batch=True)` uses it) changes.
+static-batch rule (`static_batch_seconds`, as `AdaptiveVerification(static_batch=True)` uses it) changes, and
+what re-measuring the plain step on close calls costs where prices never drift (the default scheduler).
 """
 
 import argparse
@@ -15,7 +16,7 @@ import random
 
 import torch
 
-from hf_dspark.scheduler import AdaptiveVerification
+from hf_dspark.scheduler import AdaptiveVerification, FixedLength, VerifyPolicy
 from hf_dspark.step_table import StepTimeTable
 from hf_dspark.testing import FixedStepCosts
 
@@ -38,17 +39,17 @@ def main() -> None:
     def cost(R: int, L: int) -> float:
         return a.verify0 + a.per_token * R * (L + 1) + (a.draft0 + a.draft_per_depth * L if L else 0.0)
 
-    def rule(static_batch: bool):  # the scheduler itself (AdaptiveVerification.draft_depth), the costs known exactly
+    def rule(static_batch: bool, **kw) -> AdaptiveVerification:  # the scheduler itself, the costs known exactly
         costs = FixedStepCosts(lambda R: [cost(R, L) for L in range(B + 1)])
         table = StepTimeTable([1, 2], [2.0, 1.0], max_batch_tokens=2)  # never consulted: the costs are given
         # probe_budget 0: no probes (a probe would never pay here); no step is verified, so the survival stays exact
-        policy = AdaptiveVerification(table, costs=costs, prior_survival=survival, probe_budget=0.0, static_batch=static_batch)
-        return lambda left: policy.draft_depth(len(left), B, usable=torch.tensor(left) - 1)
+        return AdaptiveVerification(table, costs=costs, prior_survival=survival, probe_budget=0.0, static_batch=static_batch, **kw)
 
-    def run(R: int, rule, rng: random.Random) -> float:
+    def run(R: int, policy: VerifyPolicy, rng: random.Random) -> float:
         left, seconds = [a.max_new_tokens] * R, 0.0
         while left:
-            L = min(rule(left), max(left) - 1)
+            L = min(policy.draft_depth(len(left), B, usable=torch.tensor(left) - 1), max(left) - 1)
+            policy.observe_step(len(left), L, cost(len(left), L), 0.0)  # the costs are fixed; the clock moves
             seconds += cost(len(left), L)
             nxt = []
             for u in left:
@@ -60,8 +61,12 @@ def main() -> None:
             left = nxt
         return seconds
 
-    rules = {f"depth {L}": (lambda left, L=L: L) for L in (0, 2, 4, B)}
-    rules |= {"rate rule": rule(static_batch=False), "static-batch rule": rule(static_batch=True)}
+    rules = {f"depth {L}": FixedLength(L) for L in (0, 2, 4, B)}
+    rules |= {
+        "rate rule": rule(static_batch=False, remeasure_margin=0),
+        "static-batch rule": rule(static_batch=True, remeasure_margin=0),
+        "+ re-measuring": rule(static_batch=True),  # the default: plain re-measured on close calls (pure cost here)
+    }
     for R in (int(x) for x in a.batch_sizes.split(",")):
         times = {name: sum(run(R, rule, random.Random(i)) for i in range(a.trials)) for name, rule in rules.items()}
         print(f"batch {R:3d}: " + "  ".join(f"{name} {times['depth 0'] / t:.2f}x" for name, t in times.items()))
