@@ -321,12 +321,12 @@ def generate(
                 _hist[row] = torch.tensor(generated[row], dtype=torch.long, device=device)
             return row, torch.cat([prompt_rows[row], _hist[row], drafts])
 
-        remaining = torch.tensor([budget - len(generated[r]) for r in row_ids], device=device)
-        cap = (remaining - 1).clamp(min=0)  # never verify more than the row can still emit
+        caps = [max(budget - len(generated[r]) - 1, 0) for r in row_ids]  # never verify more than a row can emit
         if num_speculative_tokens is not None:
-            cap = cap.clamp(max=num_speculative_tokens)
+            caps = [min(c, num_speculative_tokens) for c in caps]
+        cap = torch.tensor(caps, device=device)  # [R]
         t0 = time.perf_counter()
-        depth = min(policy.draft_depth(n, cfg.block_size, usable=cap), int(cap.max()))
+        depth = min(policy.draft_depth(n, cfg.block_size, usable=cap), max(caps))
         stats.policy_time_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         if depth > 0:
@@ -342,12 +342,11 @@ def generate(
         # ---- how many drafts each row verifies (never more than the row can still emit)
         t0 = time.perf_counter()
         if depth > 0:
-            lengths = policy.lengths(draft.conf_logits, depth, num_requests=n).to(device)
+            lengths = torch.minimum(policy.lengths(draft.conf_logits, depth, num_requests=n).to(device), cap)
             stats.policy_time_s += time.perf_counter() - t0
+            width = int(lengths.max()) + 1
         else:
-            lengths = torch.zeros(n, dtype=torch.long, device=device)
-        lengths = torch.minimum(lengths, cap)
-        width = int(lengths.max()) + 1
+            lengths, width = torch.zeros(n, dtype=torch.long, device=device), 1
 
         # ---- verify: one target forward over the ragged batch
         t0 = time.perf_counter()
@@ -356,14 +355,17 @@ def generate(
         logits = logits.float()  # [R, width, V]
         slot = torch.arange(width, device=device)  # [width]: 0 = the anchor, k = draft k - 1
         verified = slot[None, :] <= lengths[:, None]  # [R, width]: the anchor and the verified drafts
-        flat_logits = logits[verified]  # [T, V], row by row (T = R + sum l_r)
+        drafted = verified[:, 1:]  # [R, width - 1]: the verified drafts
+        if width == 1:  # nothing verified (a plain step): the anchors' column is the flat layout, no ragged indexing
+            flat_logits, cu, draft_ids = logits[:, 0], lengths.new_zeros(n + 1), lengths.new_zeros(0)
+        else:
+            flat_logits = logits[verified]  # [T, V], row by row (T = R + sum l_r)
+            cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))  # [R + 1] cumulative draft counts
+            draft_ids = draft.tokens[:, : width - 1][drafted]  # [sum l_r], row by row
         flat_prefix = None
         if processing.reads_prefix:
             flat_slots = verified.nonzero().tolist()  # [T] of (row, slot)
             flat_prefix = lambda j: prefix(flat_slots[j][0], draft.tokens[flat_slots[j][0], : flat_slots[j][1]])
-        cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))  # [R + 1] cumulative draft counts
-        drafted = verified[:, 1:]  # [R, width - 1]: the verified drafts
-        draft_ids = draft.tokens[:, : width - 1][drafted]  # [sum l_r], row by row
         if gen.do_sample:
             target_probs = processing.probs(flat_logits, flat_prefix)
             draft_probs = draft.q[:, : width - 1][drafted] if draft.q is not None else None  # [sum l_r, V]
@@ -378,9 +380,10 @@ def generate(
         # ---- statistics
         stats.steps += 1
         stats.rows_per_step.append(n)
-        stats.verified_per_step.append(float(lengths.float().mean()))
-        stats.accepted_lengths.extend((num_acc + 1).tolist())
-        stats.verified_lengths.extend(lengths.tolist())
+        verified_lengths, accepted = lengths.tolist(), num_acc.tolist()
+        stats.verified_per_step.append(sum(verified_lengths) / n)
+        stats.accepted_lengths.extend(a + 1 for a in accepted)
+        stats.verified_lengths.extend(verified_lengths)
         if draft.conf_logits is not None:  # None on skipped steps and without a confidence head
             undrafted = cfg.block_size - depth  # slots past the depth: NaN (never verified, so never labelled)
             stats.conf_logits.append(torch.nn.functional.pad(draft.conf_logits.detach().float().cpu(), (0, undrafted), value=float("nan")))
@@ -388,7 +391,7 @@ def generate(
             stats.num_verified.append(lengths.cpu())
 
         # ---- commit, then roll back caches to [anchor + accepted drafts] per row
-        chunks = [e[: a + 1] for e, a in zip(emitted.tolist(), num_acc.tolist())]
+        chunks = [e[: a + 1] for e, a in zip(emitted.tolist(), accepted)]
         active = _commit(generated, rows, chunks, eos, budget, other_criteria, prompt_rows, streamer)
         keep = slot[None, :] <= num_acc[:, None]  # [R, width]
         ctx_valid = torch.cat([ctx_valid, keep & valid], dim=1)
