@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The README's load sweep: plain generate() vs DSpark (full block) vs the scheduler at batch 1-64, with the shipped
 # drafter and with synthetic drafts of acceptance 0.8, greedy fp32 on GSM8K, 32 new tokens, 3 timed passes.
-# Resumable: a size group whose JSON exists is skipped. Run it on an otherwise idle machine.
+# Resumable: a size group whose JSON exists is skipped. Run it on an otherwise idle machine. Arguments after the
+# folder go to every `hf-dspark bench` run (e.g. --dtype float32: the default, auto, is bf16 on CPUs with AMX or
+# avx512_bf16, where greedy outputs may diverge from plain decoding and synthetic drafts lose their meaning).
 #
-#   OMP_NUM_THREADS=2 bash scripts/load_sweep.sh [out-folder]      # default bench_results/paired
+#   OMP_NUM_THREADS=2 bash scripts/load_sweep.sh [out-folder [bench args...]]      # default bench_results/paired
 set -euo pipefail
 out=${1:-bench_results/paired}
+shift || true
+common=("$@")
 mkdir -p "$out"
 bench() { name=$1; shift; [ -f "$out/$name.json" ] && return 0
-  hf-dspark bench --prompts gsm8k --max-new-tokens 32 --repeats 3 "$@" --json "$out/$name.json"; }
+  hf-dspark bench --prompts gsm8k --max-new-tokens 32 --repeats 3 "$@" "${common[@]}" --json "$out/$name.json"; }
 for kind in real syn; do
   extra=(); [ $kind = syn ] && extra=(--synthetic-acceptance 0.8)
   bench ${kind}_bs1 --n 8 --batch-sizes 1 --contenders plain,dspark,dspark_adaptive "${extra[@]}"
