@@ -45,6 +45,16 @@ def test_greedy_identical_tiny_ragged_batch(tiny_target, tiny_drafter, oracle, m
             assert tiny_drafter.last_stats.mean_accepted_length > 3.0
 
 
+
+def test_prompts_of_very_different_lengths_do_not_compact_the_cache_every_step(tiny_target, tiny_drafter, monkeypatch):
+    """Left padding is a hole compaction cannot remove: prompts 200 tokens apart must not gather the whole cache on
+    every plain step (they did, whenever some row had 4 x COMPACT_HOLES holes)."""
+    enc = ragged_batch(256, lengths=(3, 203))
+    ref = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    gathers = []
+    monkeypatch.setattr(G, "gather_kv", lambda kv, keep: gathers.append(1) or kv.gather(2, keep[:, None, :, None].expand(-1, kv.shape[1], -1, kv.shape[3])))
+    out = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, verify_policy=FixedLength(0))
+    assert torch.equal(out, ref) and gathers == []
 @pytest.mark.parametrize("regime", ["skip", "skip_compacting", "mid_depth"])
 def test_greedy_identical_when_the_scheduler_skips_drafting_or_drafts_shallow(tiny_target, tiny_drafter, regime, monkeypatch):
     if regime == "skip_compacting":  # compaction with columns still pending in the drafter context
