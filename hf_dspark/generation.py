@@ -453,7 +453,7 @@ def _trim(cache: DynamicCache, context: DraftContext, ctx_valid: torch.Tensor) -
         ctx_valid = ctx_valid[:, :-tail]
     width = int(ctx_valid.sum(1).max())  # the compacted width: the most valid entries of any row
     if ctx_valid.shape[1] - width < COMPACT_HOLES:
-        # Until this commit it also compacted whenever some row had 4 x COMPACT_HOLES holes, which compaction cannot
+        # Until 5a18ce6 it also compacted whenever some row had 4 x COMPACT_HOLES holes, which compaction cannot
         # remove when they are left padding: prompts 128+ tokens apart then gathered the whole KV cache every step
         # (79 ms of a 330 ms plain step at batch 64, fp32).
         return ctx_valid
