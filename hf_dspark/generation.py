@@ -36,7 +36,7 @@ from transformers.utils import logging
 
 from .draft_context import DraftContext
 from .drafting import Draft, draft_block
-from .kernels import build_verify_inputs, gather_kv, rejection_sample
+from .kernels import build_cu_num_draft, build_verify_inputs, flatten_ragged, gather_kv, rejection_sample
 from .modeling import DSparkDrafter
 from .processing import Processing
 from .scheduler import AdaptiveVerification, ConfidenceThreshold, FullBlock, VerifyPolicy, prior_survival
@@ -355,13 +355,10 @@ def generate(
         logits = logits.float()  # [R, width, V]
         slot = torch.arange(width, device=device)  # [width]: 0 = the anchor, k = draft k - 1
         verified = slot[None, :] <= lengths[:, None]  # [R, width]: the anchor and the verified drafts
+        flat_logits = flatten_ragged(logits, lengths)  # [T, V], row by row (T = R + sum l_r)
+        cu = build_cu_num_draft(lengths)  # [R + 1] cumulative draft counts
         drafted = verified[:, 1:]  # [R, width - 1]: the verified drafts
-        if width == 1:  # nothing verified (a plain step): the anchors' column is the flat layout, no ragged indexing
-            flat_logits, cu, draft_ids = logits[:, 0], lengths.new_zeros(n + 1), lengths.new_zeros(0)
-        else:
-            flat_logits = logits[verified]  # [T, V], row by row (T = R + sum l_r)
-            cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))  # [R + 1] cumulative draft counts
-            draft_ids = draft.tokens[:, : width - 1][drafted]  # [sum l_r], row by row
+        draft_ids = draft.tokens[:, : width - 1][drafted]  # [sum l_r], row by row
         flat_prefix = None
         if processing.reads_prefix:
             flat_slots = verified.nonzero().tolist()  # [T] of (row, slot)

@@ -314,6 +314,14 @@ def test_flatten_ragged_triton_matches_reference(dtype):
     assert torch.equal(flatten_ragged(rows, num_verify, backend="triton", debug=True), ref)
 
 
+def test_flatten_ragged_keeps_each_requests_verified_rows():
+    rows = torch.randn(3, 4, 5, generator=_gen(3), device=DEVICE)
+    flat = flatten_ragged(rows, torch.tensor([2, 0, 3], device=DEVICE), backend="torch", debug=True)
+    assert torch.equal(flat, torch.cat([rows[0, :3], rows[1, :1], rows[2, :4]]))
+    plain = flatten_ragged(rows[:, :1], torch.zeros(3, dtype=torch.long, device=DEVICE), backend="torch", debug=True)
+    assert torch.equal(plain, rows[:, 0])  # a plain step: the one position of each request
+
+
 # --------------------------------------------------------------------------------------------
 # empty batches, backend selection, debug checks
 # --------------------------------------------------------------------------------------------
