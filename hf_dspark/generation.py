@@ -276,10 +276,12 @@ def generate(
 
     def target_forward(ids, mask, pos, cache, last_only=False):
         """One target forward appending to `cache` -> logits [R, T, V] (or [R, 1, V] with `last_only`); the taps of
-        these tokens go to the drafter's context (projected when the drafter next runs)."""
+        these tokens go to the drafter's context (projected when the drafter next runs). `mask` [R, C + T] or None
+        when every column is valid in every row: like generate(), which drops an all-ones attention mask (given, it
+        cost ~0.5 ms of a 61 ms batch-1 decode forward, bf16, 2-core CPU: `scripts/decode_overhead.py 1 bfloat16`)."""
         out = model(
             input_ids=ids,
-            attention_mask=mask.long(),
+            attention_mask=None if mask is None else mask.long(),
             position_ids=pos,
             use_cache=True,
             output_hidden_states=drafter.tap_hidden_state_ids,
@@ -294,7 +296,8 @@ def generate(
     context = DraftContext(drafter)  # columns mirror the target cache's
     positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
     t0 = time.perf_counter()
-    logits = target_forward(input_ids, attn, positions, cache, last_only=True)  # the lm_head on the last position only
+    dense = bool(attn.all())  # no hole in the cache columns (no padding, no rejected drafts): no attention mask
+    logits = target_forward(input_ids, None if dense else attn, positions, cache, last_only=True)  # the lm_head on the last position only
     prompt_rows = [input_ids[r] for r in range(n_rows)]
     scores = processing(logits[:, -1].float(), lambda i: (i, prompt_rows[i]))
     first = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1) if gen.do_sample else scores.argmax(-1)
@@ -304,7 +307,7 @@ def generate(
     rows = torch.arange(n_rows, device=device)  # original row index of each active row
     anchor = first
     anchor_pos = attn.long().sum(-1)  # position of the anchor (first generated token) per row
-    active = _commit(generated, rows, [[int(t)] for t in first], eos, budget, other_criteria, prompt_rows, streamer)
+    active = _commit(generated, rows.tolist(), [[int(t)] for t in first], eos, budget, other_criteria, prompt_rows, streamer)
     rows, anchor, anchor_pos, ctx_valid = _select(active, rows, anchor, anchor_pos, cache, context, ctx_valid)
 
     while rows.numel() > 0:
@@ -324,9 +327,8 @@ def generate(
         caps = [max(budget - len(generated[r]) - 1, 0) for r in row_ids]  # never verify more than a row can emit
         if num_speculative_tokens is not None:
             caps = [min(c, num_speculative_tokens) for c in caps]
-        cap = torch.tensor(caps, device=device)  # [R]
         t0 = time.perf_counter()
-        depth = min(policy.draft_depth(n, cfg.block_size, usable=cap), max(caps))
+        depth = min(policy.draft_depth(n, cfg.block_size, usable=caps), max(caps))
         stats.policy_time_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         if depth > 0:
@@ -341,31 +343,35 @@ def generate(
 
         # ---- how many drafts each row verifies (never more than the row can still emit)
         t0 = time.perf_counter()
+        lengths, width = None, 1  # None: no row verifies a draft
         if depth > 0:
-            lengths = torch.minimum(policy.lengths(draft.conf_logits, depth, num_requests=n).to(device), cap)
+            lengths = torch.minimum(policy.lengths(draft.conf_logits, depth, num_requests=n).to(device), torch.tensor(caps, device=device))
             stats.policy_time_s += time.perf_counter() - t0
             width = int(lengths.max()) + 1
-        else:
-            lengths, width = torch.zeros(n, dtype=torch.long, device=device), 1
+            lengths = lengths if width > 1 else None
 
-        # ---- verify: one target forward over the ragged batch
+        # ---- verify: one target forward over the ragged batch (a plain step when no row verifies a draft: one
+        # position per row, none of the ragged layout to build; a batch-1 step on CPU has ~1 ms outside its forward)
         t0 = time.perf_counter()
-        verify_ids, verify_pos, valid = build_verify_inputs(anchor, draft.tokens, lengths, anchor_pos, pad_id)
-        logits = target_forward(verify_ids, torch.cat([ctx_valid, valid], dim=1), verify_pos, cache)
-        logits = logits.float()  # [R, width, V]
-        slot = torch.arange(width, device=device)  # [width]: 0 = the anchor, k = draft k - 1
-        verified = slot[None, :] <= lengths[:, None]  # [R, width]: the anchor and the verified drafts
+        if lengths is None:
+            lengths = torch.zeros(n, dtype=torch.long, device=device)
+            verify_ids, verify_pos, valid = anchor[:, None], anchor_pos[:, None], torch.ones((n, 1), dtype=torch.bool, device=device)
+        else:
+            verify_ids, verify_pos, valid = build_verify_inputs(anchor, draft.tokens, lengths, anchor_pos, pad_id)
+        mask = torch.cat([ctx_valid, valid], dim=1)  # [R, C + width]; becomes the next ctx_valid
+        dense = dense and (width == 1 or bool(valid.all()))
+        logits = target_forward(verify_ids, None if dense else mask, verify_pos, cache).float()  # [R, width, V]
         flat_logits = flatten_ragged(logits, lengths)  # [T, V], row by row (T = R + sum l_r)
         cu = build_cu_num_draft(lengths)  # [R + 1] cumulative draft counts
-        drafted = verified[:, 1:]  # [R, width - 1]: the verified drafts
-        draft_ids = draft.tokens[:, : width - 1][drafted]  # [sum l_r], row by row
+        verified = valid  # [R, width]: the anchor and the verified drafts
+        draft_ids = draft.tokens[:, : width - 1][verified[:, 1:]] if width > 1 else draft.tokens[:, :0].reshape(0)  # [sum l_r]
         flat_prefix = None
         if processing.reads_prefix:
             flat_slots = verified.nonzero().tolist()  # [T] of (row, slot)
             flat_prefix = lambda j: prefix(flat_slots[j][0], draft.tokens[flat_slots[j][0], : flat_slots[j][1]])
         if gen.do_sample:
             target_probs = processing.probs(flat_logits, flat_prefix)
-            draft_probs = draft.q[:, : width - 1][drafted] if draft.q is not None else None  # [sum l_r, V]
+            draft_probs = draft.q[:, : width - 1][verified[:, 1:]] if draft.q is not None else None  # [sum l_r, V]
             uniforms = torch.rand(draft_ids.shape[0], device=device)
             noise = torch.empty((n, target_probs.shape[1]), device=device).exponential_()
             emitted, num_acc = rejection_sample(target_probs, draft_ids, draft_probs, cu, uniforms, noise, greedy=False)
@@ -377,7 +383,7 @@ def generate(
         # ---- statistics
         stats.steps += 1
         stats.rows_per_step.append(n)
-        verified_lengths, accepted = lengths.tolist(), num_acc.tolist()
+        verified_lengths, accepted = (lengths.tolist(), num_acc.tolist()) if width > 1 else ([0] * n, [0] * n)
         stats.verified_per_step.append(sum(verified_lengths) / n)
         stats.accepted_lengths.extend(a + 1 for a in accepted)
         stats.verified_lengths.extend(verified_lengths)
@@ -389,13 +395,19 @@ def generate(
 
         # ---- commit, then roll back caches to [anchor + accepted drafts] per row
         chunks = [e[: a + 1] for e, a in zip(emitted.tolist(), accepted)]
-        active = _commit(generated, rows, chunks, eos, budget, other_criteria, prompt_rows, streamer)
-        keep = slot[None, :] <= num_acc[:, None]  # [R, width]
-        ctx_valid = torch.cat([ctx_valid, keep & valid], dim=1)
-        anchor = emitted[torch.arange(n, device=device), num_acc]
-        anchor_pos = anchor_pos + num_acc + 1
+        active = _commit(generated, row_ids, chunks, eos, budget, other_criteria, prompt_rows, streamer)
+        ctx_valid = mask
+        if width > 1:
+            slot = torch.arange(width, device=device)  # [width]: 0 = the anchor, k = draft k - 1
+            ctx_valid[:, -width:] &= slot[None, :] <= num_acc[:, None]  # the anchor and the accepted drafts stay valid
+            anchor = emitted[torch.arange(n, device=device), num_acc]
+            anchor_pos = anchor_pos + num_acc + 1
+        else:
+            anchor, anchor_pos = emitted[:, 0], anchor_pos + 1
         rows, anchor, anchor_pos, ctx_valid = _select(active, rows, anchor, anchor_pos, cache, context, ctx_valid)
-        ctx_valid = _trim(cache, context, ctx_valid)
+        if width > 1 or not all(active):  # a plain step of the same rows adds no holes: nothing to crop or compact
+            ctx_valid = _trim(cache, context, ctx_valid)
+            dense = bool(ctx_valid.all())
         step_seconds = time.perf_counter() - step_start
         stats.step_seconds.append(step_seconds)
         t0 = time.perf_counter()
@@ -405,10 +417,10 @@ def generate(
     return _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer)
 
 
-def _commit(generated, rows, chunks, eos, budget, criteria, prompt_rows, streamer) -> torch.Tensor:
-    """Append each row's emitted tokens, cut at EOS / max_new_tokens / other stopping criteria; -> still-active mask."""
+def _commit(generated, row_ids, chunks, eos, budget, criteria, prompt_rows, streamer) -> list[bool]:
+    """Append each row's emitted tokens, cut at EOS / max_new_tokens / other stopping criteria; -> still active, per row."""
     active = []
-    for r, chunk in zip(rows.tolist(), chunks):
+    for r, chunk in zip(row_ids, chunks):
         out = generated[r]
         start, done = len(out), False
         for tok in chunk:
@@ -422,14 +434,14 @@ def _commit(generated, rows, chunks, eos, budget, criteria, prompt_rows, streame
         if streamer is not None:
             streamer.put(torch.tensor(out[start:]))
         active.append(not done)
-    return torch.tensor(active, dtype=torch.bool, device=rows.device)
+    return active
 
 
 def _select(active, rows, anchor, anchor_pos, cache: DynamicCache, context: DraftContext, ctx_valid):
     """Drop finished rows from every piece of state (finished rows stop costing compute)."""
-    if bool(active.all()):
+    if all(active):
         return rows, anchor, anchor_pos, ctx_valid
-    idx = active.nonzero().squeeze(1)
+    idx = torch.tensor([i for i, a in enumerate(active) if a], dtype=torch.long, device=rows.device)
     cache.batch_select_indices(idx)
     context.select(idx)
     return rows[idx], anchor[idx], anchor_pos[idx], ctx_valid[idx]

@@ -40,6 +40,7 @@ import bisect
 import math
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -277,22 +278,22 @@ def best_depth(
             f"stale_survival has no rows, so it says nothing about a batch of {R} requests; "
             "draft the full block until a step with requests has been seen."
         )
-    return _rate_depth(s.mean(0).cpu().numpy(), seconds.tolist(), R, None if usable is None else usable.cpu().numpy())
+    return _rate_depth(s.mean(0).tolist(), seconds.tolist(), R, None if usable is None else usable.tolist())
 
 
-def _rate_depth(survival: np.ndarray, seconds: list[float], num_requests: int, usable: np.ndarray | None) -> int:
+def _rate_depth(survival: list[float], seconds: list[float], num_requests: int, usable: list[int] | None) -> int:
     """`best_depth` on checked input: mean survival [B], B + 1 seconds, usable [R] or None."""
     return _first_max(_rates(survival, seconds, num_requests, usable))  # the smallest L on ties
 
 
-def _rates(survival: np.ndarray, seconds: list[float], num_requests: int, usable: np.ndarray | None) -> list[float]:
+def _rates(survival: list[float], seconds: list[float], num_requests: int, usable: list[int] | None) -> list[float]:
     """B + 1 expected committed tokens per second of a step at depth 0..B (see `best_depth`).
 
     Python floats: it runs before every step, right after a forward has evicted the caches, where numpy's per-call
     cost on 8 numbers dominated (~120 us per decision in the loop at batch 1 against ~5 us measured alone)."""
-    left = None if usable is None else sorted(usable.tolist())  # drafts each request can still commit
+    left = None if usable is None else sorted(usable)  # drafts each request can still commit
     tokens, rates = float(num_requests), [num_requests / seconds[0]]
-    for k, s_k in enumerate(survival.tolist()):
+    for k, s_k in enumerate(survival):
         tokens += s_k * (num_requests if left is None else len(left) - bisect.bisect_right(left, k))  # requests that can use draft k
         rates.append(tokens / seconds[k + 1])
     return rates
@@ -482,11 +483,11 @@ class VerifyPolicy:
     def reset(self) -> None:
         """Forget per-generation state (history of earlier steps)."""
 
-    def draft_depth(self, num_requests: int, block_size: int, usable: Tensor | None = None) -> int:
+    def draft_depth(self, num_requests: int, block_size: int, usable: Tensor | Sequence[int] | None = None) -> int:
         """How many of the B block slots the drafter fills this step, 0..B; 0 skips the drafter (a plain step).
 
-        Called before drafting, so it may use only earlier steps (that keeps every policy exact). `usable` [R]:
-        drafts each request can still commit (None: no limit). The loop may lower the depth further
+        Called before drafting, so it may use only earlier steps (that keeps every policy exact). `usable` [R]
+        (a tensor or a list of ints): drafts each request can still commit (None: no limit). The loop may lower the depth further
         (num_speculative_tokens, tokens left to generate).
         """
         return block_size
@@ -682,8 +683,8 @@ class AdaptiveVerification(VerifyPolicy):
         self.carry_over = carry_over
         self._survival: np.ndarray | None = None  # [R', B] float64 survival of the latest drafted step
         self._block_size: int | None = None
-        self._usable: np.ndarray | None = None  # [R] drafts each request of the current step can still commit
-        self._decision: tuple[int, np.ndarray | None] | None = None  # (B, what _decision_survival gives) until it changes
+        self._usable: list[int] | None = None  # [R] drafts each request of the current step can still commit
+        self._decision: tuple[int, list[float] | None] | None = None  # (B, what _decision_survival gives) until it changes
         self._skipped, self._interval = 0, probe_every
         self._probes = 0  # probes since the last drafting decision (each confirmed the skip)
         self._skipped_s = 0.0  # seconds of the plain steps since the last drafted step
@@ -701,22 +702,23 @@ class AdaptiveVerification(VerifyPolicy):
         """rho = (accepted + 1) / (predicted + 1) drafts over the recent drafted steps (1 before any)."""
         return (sum(a for _, a in self._outcomes) + 1.0) / (sum(p for p, _ in self._outcomes) + 1.0)
 
-    def draft_depth(self, num_requests: int, block_size: int, usable: Tensor | None = None) -> int:
-        use = None if usable is None else usable.cpu().numpy()  # [R]
-        if use is not None and use.shape != (num_requests,):
-            raise ValueError(f"usable must have one entry per request ({num_requests}), got shape {use.shape}.")
+    def draft_depth(self, num_requests: int, block_size: int, usable: Tensor | Sequence[int] | None = None) -> int:
+        # Python numbers throughout a decision: see `_rates`
+        use = None if usable is None else (usable.tolist() if isinstance(usable, Tensor) else [int(u) for u in usable])  # [R]
+        if use is not None and len(use) != num_requests:
+            raise ValueError(f"usable must have one entry per request ({num_requests}), got {len(use)}.")
         self._block_size, self._usable = block_size, use
         survival = self._decision_survival(block_size)  # [B]
         if survival is None:
             return block_size  # nothing drafted yet and no prior: warm up with the full block
-        seconds = self.costs.seconds(num_requests, block_size).tolist()  # B + 1
+        seconds = self.costs.seconds_list(num_requests, block_size)  # B + 1
         rates = _rates(survival, seconds, num_requests, use)  # B + 1 tokens per second
         depth = _first_max(rates)
         gain = rates[depth] / rates[0] if rates[0] > 0 else math.inf  # how much faster than plain decoding drafting looks
         if depth > 0 and self.static_batch and use is not None and num_requests > 1:
             # drafting pays per step; does it still pay once the batch's ragged finish is priced?
-            one = self.costs.seconds(1, block_size).numpy()
-            call_seconds = _static_batch_seconds(survival, np.array(seconds), one, use)
+            one = np.array(self.costs.seconds_list(1, block_size))
+            call_seconds = _static_batch_seconds(np.array(survival), np.array(seconds), one, np.array(use))
             if call_seconds[depth] > call_seconds[0]:
                 depth = int(np.argmin(call_seconds))  # no: the depth that finishes the call soonest, maybe plain
             gain = call_seconds[0] / call_seconds[depth]
@@ -739,7 +741,7 @@ class AdaptiveVerification(VerifyPolicy):
         self._probes += 1
         return probe
 
-    def _decision_survival(self, block_size: int) -> np.ndarray | None:
+    def _decision_survival(self, block_size: int) -> list[float] | None:
         """The mean survival [B] the next decision uses: the latest drafted step's, scaled by rho (capped at 1), or
         the prior until a step has drafted (the drafter's held-out tau says what to expect); None when neither fits
         the block. Kept until a drafted step changes it (plain steps reuse it)."""
@@ -747,9 +749,9 @@ class AdaptiveVerification(VerifyPolicy):
             return self._decision[1]
         s = None
         if self._survival is not None and self._survival.shape[1] == block_size:
-            s = (np.minimum(self._survival * self.acceptance_ratio, 1.0) if self._outcomes else self._survival).mean(0)
+            s = (np.minimum(self._survival * self.acceptance_ratio, 1.0) if self._outcomes else self._survival).mean(0).tolist()
         elif self.prior_survival is not None and self.prior_survival.shape[1] == block_size:
-            s = self.prior_survival[0].numpy()
+            s = self.prior_survival[0].tolist()
         self._decision = (block_size, s)
         return s
 
@@ -767,8 +769,8 @@ class AdaptiveVerification(VerifyPolicy):
         c = np.concatenate([c, np.repeat(c[:, -1:], B - block_size, axis=1)], axis=1)  # [R, B]: past the drafted depth
         self._survival, self._decision = np.cumprod(c, axis=1), None
         verified = self._survival[:, :block_size]  # [R, L]; the loop cuts a request at what it can still emit
-        if self._usable is not None and self._usable.shape[0] == num_requests:
-            verified = verified * (np.arange(block_size) < self._usable[:, None])
+        if self._usable is not None and len(self._usable) == num_requests:
+            verified = verified * (np.arange(block_size) < np.array(self._usable)[:, None])
         self._predicted = float(verified.sum())
         return torch.full((num_requests,), block_size, dtype=torch.int64)
 
@@ -796,7 +798,7 @@ def scheduler_overhead_ms(R: int = 64, B: int = 7, steps: int = 200) -> float:
     table = StepTimeTable(tokens, [1.0 / t for t in latency_s], max_batch_tokens=tokens[-1])
     policy = AdaptiveVerification(table, temperatures=torch.linspace(1.0, 1.5, B))
     gen = torch.Generator().manual_seed(0)
-    usable = 200 + torch.arange(R) % 32  # [R] drafts each request can still commit
+    usable = [200 + r % 32 for r in range(R)]  # [R] drafts each request can still commit (a list, as the loop passes)
     times = []
     for i in range(steps + 1):
         z = torch.randn(R, B, generator=gen) + 2.0

@@ -139,11 +139,12 @@ class StepCosts:
         return None
 
     def seconds(self, num_requests: int, block_size: int) -> Tensor:
-        """Predicted seconds of a step at depth L = 0..B for R requests: [B + 1] float64 (inf = not allowed).
+        """Predicted seconds of a step at depth L = 0..B for R requests: [B + 1] float64 (inf = not allowed)."""
+        return torch.tensor(self.seconds_list(num_requests, block_size), dtype=torch.float64)
 
-        Computed on Python floats (B + 1 values): it runs before every step, where a dozen tiny tensor ops would
-        cost more than the arithmetic.
-        """
+    def seconds_list(self, num_requests: int, block_size: int) -> list[float]:
+        """`seconds` as B + 1 Python floats: what the scheduler uses before every step, right after a forward has
+        evicted the caches, where even the two tensor ops of building and reading back a tensor cost tens of us."""
         R, B = num_requests, block_size
         if R < 1 or B < 1:
             raise ValueError(f"Need num_requests >= 1 and block_size >= 1, got {R} and {B}.")
@@ -151,7 +152,7 @@ class StepCosts:
         seen = R if R in self._cells else min(self._cells, key=lambda r: (abs(r - R), -r), default=None)  # ties: larger
         cells = {L: c for L, c in self._cells[seen].items() if L <= B} if seen is not None else {}
         if not cells:
-            return torch.tensor(prior, dtype=torch.float64)
+            return list(prior)
         seen_prior = prior if seen == R else self._table_seconds(seen, B)
         ratios = [v / seen_prior[L] for L, (v, _) in cells.items() if math.isfinite(seen_prior[L])]
         ratio = min(ratios) if ratios else 1.0  # optimistic: an unmeasured cell gets tried, then known
@@ -165,7 +166,7 @@ class StepCosts:
                 out[L] = v + d if near == R else (v + d) * self._scale_seconds(R, B)[L] / self._scale_seconds(near, B)[L]
         for L in range(B - 1, -1, -1):  # a step never costs more than a deeper one: it does a subset of its work
             out[L] = min(out[L], out[L + 1])
-        return torch.tensor(out, dtype=torch.float64)
+        return out
 
 
 def _nearest(rows: list[int], R: int):

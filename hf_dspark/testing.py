@@ -112,10 +112,10 @@ class FixedStepCosts(StepCosts):
         super().__init__(StepTimeTable([1, 2], [2.0, 1.0], max_batch_tokens=2))  # never consulted
         self.fixed = seconds if callable(seconds) else (lambda _, fixed=list(seconds): fixed)
 
-    def seconds(self, num_requests: int, block_size: int) -> torch.Tensor:
-        fixed = torch.tensor(self.fixed(num_requests), dtype=torch.float64)
-        if fixed.numel() < block_size + 1:
-            raise ValueError(f"FixedStepCosts has {fixed.numel()} entries; the block needs {block_size + 1}.")
+    def seconds_list(self, num_requests: int, block_size: int) -> list[float]:
+        fixed = [float(x) for x in self.fixed(num_requests)]
+        if len(fixed) < block_size + 1:
+            raise ValueError(f"FixedStepCosts has {len(fixed)} entries; the block needs {block_size + 1}.")
         return fixed[: block_size + 1]
 
     def observe(self, num_requests: int, depth: int, step_seconds: float, draft_seconds: float = 0.0) -> None:

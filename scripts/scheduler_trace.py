@@ -41,13 +41,13 @@ def main() -> None:
     def traced_depth(n, block_size, usable=None):
         survival = policy._decision_survival(block_size)  # what the decision below uses
         depth = choose(n, block_size, usable)
-        seconds = policy.costs.seconds(n, block_size)
-        line = f"R={n} depth={depth} predicted_s={np.round(seconds.numpy(), 3).tolist()} rho={policy.acceptance_ratio:.3f}"
+        seconds = policy.costs.seconds(n, block_size).numpy()
+        line = f"R={n} depth={depth} predicted_s={np.round(seconds, 3).tolist()} rho={policy.acceptance_ratio:.3f}"
         if survival is not None:
             line += f" survival={np.round(survival, 2).tolist()}"
             if usable is not None and n > 1:  # what the static-batch model expects for the rest of the call
                 one = policy.costs.seconds(1, block_size).numpy()
-                call_s = _static_batch_seconds(survival, seconds.numpy(), one, usable.numpy())
+                call_s = _static_batch_seconds(np.asarray(survival), seconds, one, np.asarray(usable))
                 line += f" one_s={np.round(one, 3).tolist()} call_s={np.round(call_s, 2).tolist()}"
         trace.append(line)
         return depth

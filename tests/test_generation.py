@@ -55,6 +55,29 @@ def test_prompts_of_very_different_lengths_do_not_compact_the_cache_every_step(t
     monkeypatch.setattr(G, "gather_kv", lambda kv, keep: gathers.append(1) or kv.gather(2, keep[:, None, :, None].expand(-1, kv.shape[1], -1, kv.shape[3])))
     out = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, verify_policy=FixedLength(0))
     assert torch.equal(out, ref) and gathers == []
+
+
+def test_no_attention_mask_while_no_row_has_a_hole_and_exact_once_rejections_leave_holes(tiny_target, tiny_drafter, oracle):
+    """Like generate(), the loop passes no attention mask while every cache column is valid in every row (handling
+    an all-ones mask cost ~0.5 ms of a 61 ms batch-1 forward); drafts rejected at different positions per row leave
+    holes, which bring the mask back (without it this batch's output changes)."""
+    enc = ragged_batch(256, lengths=(9, 9, 9))  # no padding
+    ref = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    oracle(ref)
+    unmasked = []  # per target forward: whether it ran without an attention mask
+    hook = tiny_target.register_forward_pre_hook(lambda m, a, kw: unmasked.append(kw.get("attention_mask") is None), with_kwargs=True)
+    try:
+        out = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter)
+        plain = tiny_target.generate(**enc, max_new_tokens=8, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, verify_policy=FixedLength(0))
+    finally:
+        hook.remove()
+    assert torch.equal(out, ref) and torch.equal(plain, ref[:, : plain.shape[1]])
+    steps = tiny_drafter.last_stats.steps + 1  # the plain call's forwards, prefill included
+    drafted = unmasked[:-steps]
+    assert drafted[:2] == [True, True] and False in drafted  # unmasked until a rejection left holes in some row
+    assert unmasked[-steps:] == [True] * steps
+
+
 @pytest.mark.parametrize("regime", ["skip", "skip_compacting", "mid_depth"])
 def test_greedy_identical_when_the_scheduler_skips_drafting_or_drafts_shallow(tiny_target, tiny_drafter, regime, monkeypatch):
     if regime == "skip_compacting":  # compaction with columns still pending in the drafter context
