@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's load sweep: plain generate() vs DSpark (full block) vs the scheduler at batch 1-64, with the shipped
-# drafter and with synthetic drafts of acceptance 0.8, greedy fp32 on GSM8K, 32 new tokens, 3 timed passes.
+# drafter and with synthetic drafts of acceptance 0.8, greedy on GSM8K, 32 new tokens, 3 timed passes.
 # Resumable: a size group whose JSON exists is skipped. Run it on an otherwise idle machine. Arguments after the
 # folder go to every `hf-dspark bench` run (e.g. --dtype float32: the default, auto, is bf16 on CPUs with AMX or
 # avx512_bf16, where greedy outputs may diverge from plain decoding and synthetic drafts lose their meaning).
