@@ -345,7 +345,8 @@ def generate(
         t0 = time.perf_counter()
         lengths, width = None, 1  # None: no row verifies a draft
         if depth > 0:
-            lengths = torch.minimum(policy.lengths(draft.conf_logits, depth, num_requests=n).to(device), torch.tensor(caps, device=device))
+            lengths = policy.lengths(draft.conf_logits, depth, num_requests=n).to(device)
+            lengths = torch.minimum(lengths, torch.tensor(caps, device=device))
             stats.policy_time_s += time.perf_counter() - t0
             width = int(lengths.max()) + 1
             lengths = lengths if width > 1 else None
@@ -355,7 +356,8 @@ def generate(
         t0 = time.perf_counter()
         if lengths is None:
             lengths = torch.zeros(n, dtype=torch.long, device=device)
-            verify_ids, verify_pos, valid = anchor[:, None], anchor_pos[:, None], torch.ones((n, 1), dtype=torch.bool, device=device)
+            valid = torch.ones((n, 1), dtype=torch.bool, device=device)
+            verify_ids, verify_pos = anchor[:, None], anchor_pos[:, None]
         else:
             verify_ids, verify_pos, valid = build_verify_inputs(anchor, draft.tokens, lengths, anchor_pos, pad_id)
         mask = torch.cat([ctx_valid, valid], dim=1)  # [R, C + width]; becomes the next ctx_valid

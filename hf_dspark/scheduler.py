@@ -487,8 +487,8 @@ class VerifyPolicy:
         """How many of the B block slots the drafter fills this step, 0..B; 0 skips the drafter (a plain step).
 
         Called before drafting, so it may use only earlier steps (that keeps every policy exact). `usable` [R]
-        (a tensor or a list of ints): drafts each request can still commit (None: no limit). The loop may lower the depth further
-        (num_speculative_tokens, tokens left to generate).
+        (a tensor or a list of ints): drafts each request can still commit (None: no limit). The loop may lower
+        the depth further (num_speculative_tokens, tokens left to generate).
         """
         return block_size
 
@@ -703,8 +703,9 @@ class AdaptiveVerification(VerifyPolicy):
         return (sum(a for _, a in self._outcomes) + 1.0) / (sum(p for p, _ in self._outcomes) + 1.0)
 
     def draft_depth(self, num_requests: int, block_size: int, usable: Tensor | Sequence[int] | None = None) -> int:
-        # Python numbers throughout a decision: see `_rates`
-        use = None if usable is None else (usable.tolist() if isinstance(usable, Tensor) else [int(u) for u in usable])  # [R]
+        use = None  # [R] as Python ints: Python numbers throughout a decision (see `_rates`)
+        if usable is not None:
+            use = usable.tolist() if isinstance(usable, Tensor) else [int(u) for u in usable]
         if use is not None and len(use) != num_requests:
             raise ValueError(f"usable must have one entry per request ({num_requests}), got {len(use)}.")
         self._block_size, self._usable = block_size, use
