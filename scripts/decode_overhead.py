@@ -11,7 +11,7 @@ drafter), on GSM8K prompts, greedy, 32 new tokens.
    in shuffled order: what our inputs cost inside the forward. (Medians of 40 calls moved by +-0.8 ms from run to
    run at batch 1 on a 2-core CPU: too few to see the taps' ~0.1 ms.)
 
-`OMP_NUM_THREADS=2 python scripts/decode_overhead.py 1 bfloat16` (batch size, dtype; 4 batches)."""
+`OMP_NUM_THREADS=2 python scripts/decode_overhead.py 1 bfloat16 [4]` (batch size, dtype, batches: default 4)."""
 import random
 import statistics
 import sys
@@ -27,7 +27,7 @@ from hf_dspark.targets import load_target
 
 bs = int(sys.argv[1])
 dtype = sys.argv[2] if len(sys.argv) > 2 else "float32"
-n_batches = 4
+n_batches = int(sys.argv[3]) if len(sys.argv) > 3 else 4
 model, tok = load_target("smollm2-135m-instruct", dtype=dtype)
 drafter = DSparkDrafter.from_pretrained(str(default_drafter()), target=model)
 kw = dict(max_new_tokens=32, do_sample=False)
