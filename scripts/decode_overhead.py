@@ -32,7 +32,7 @@ model, tok = load_target("smollm2-135m-instruct", dtype=dtype)
 drafter = DSparkDrafter.from_pretrained(str(default_drafter()), target=model)
 kw = dict(max_new_tokens=32, do_sample=False)
 loop_plain = lambda enc: model.generate(**enc, **kw, assistant_model=drafter, verify_policy=FixedLength(0))  # noqa: E731
-tokens = [n for n in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64) if n <= 8 * bs]
+tokens = [n for n in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512) if n <= 8 * bs]
 profile = {"num_requests": (bs,), "batch_tokens": tokens, "context_len": 128, "repeats": 2, "warmup": 1}
 bench = Bench(model, tok, drafter, max_new_tokens=32, profile_kwargs=profile, custom_runners={"loop_plain_steps": loop_plain})
 prompts = load_prompts("gsm8k", n_batches * bs)
