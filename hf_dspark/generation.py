@@ -343,37 +343,36 @@ def generate(
 
         # ---- how many drafts each row verifies (never more than the row can still emit)
         t0 = time.perf_counter()
-        lengths, width = None, 1  # None: no row verifies a draft
+        width = 1  # the anchor plus the most drafts any row verifies
         if depth > 0:
             lengths = policy.lengths(draft.conf_logits, depth, num_requests=n).to(device)
             lengths = torch.minimum(lengths, torch.tensor(caps, device=device))
             stats.policy_time_s += time.perf_counter() - t0
             width = int(lengths.max()) + 1
-            lengths = lengths if width > 1 else None
 
         # ---- verify: one target forward over the ragged batch (a plain step when no row verifies a draft: one
         # position per row, none of the ragged layout to build; a batch-1 step on CPU has ~1 ms outside its forward)
         t0 = time.perf_counter()
-        if lengths is None:
+        if width == 1:
             lengths = torch.zeros(n, dtype=torch.long, device=device)
             valid = torch.ones((n, 1), dtype=torch.bool, device=device)
             verify_ids, verify_pos = anchor[:, None], anchor_pos[:, None]
         else:
             verify_ids, verify_pos, valid = build_verify_inputs(anchor, draft.tokens, lengths, anchor_pos, pad_id)
+        # valid [R, width]: the anchor and the verified drafts of each row
         mask = torch.cat([ctx_valid, valid], dim=1)  # [R, C + width]; becomes the next ctx_valid
         dense = dense and (width == 1 or bool(valid.all()))
         logits = target_forward(verify_ids, None if dense else mask, verify_pos, cache).float()  # [R, width, V]
         flat_logits = flatten_ragged(logits, lengths)  # [T, V], row by row (T = R + sum l_r)
         cu = build_cu_num_draft(lengths)  # [R + 1] cumulative draft counts
-        verified = valid  # [R, width]: the anchor and the verified drafts
-        draft_ids = draft.tokens[:, : width - 1][verified[:, 1:]] if width > 1 else draft.tokens[:, :0].reshape(0)  # [sum l_r]
+        draft_ids = draft.tokens[:, : width - 1][valid[:, 1:]] if width > 1 else draft.tokens[:, :0].reshape(0)  # [sum l_r]
         flat_prefix = None
         if processing.reads_prefix:
-            flat_slots = verified.nonzero().tolist()  # [T] of (row, slot)
+            flat_slots = valid.nonzero().tolist()  # [T] of (row, slot)
             flat_prefix = lambda j: prefix(flat_slots[j][0], draft.tokens[flat_slots[j][0], : flat_slots[j][1]])
         if gen.do_sample:
             target_probs = processing.probs(flat_logits, flat_prefix)
-            draft_probs = draft.q[:, : width - 1][verified[:, 1:]] if draft.q is not None else None  # [sum l_r, V]
+            draft_probs = draft.q[:, : width - 1][valid[:, 1:]] if draft.q is not None else None  # [sum l_r, V]
             uniforms = torch.rand(draft_ids.shape[0], device=device)
             noise = torch.empty((n, target_probs.shape[1]), device=device).exponential_()
             emitted, num_acc = rejection_sample(target_probs, draft_ids, draft_probs, cu, uniforms, noise, greedy=False)
