@@ -68,3 +68,24 @@ def test_pending_columns_are_bounded(tiny_drafter):
     assert ctx.num_pending == 0
     kv = [(torch.cat([k, k2], 2), torch.cat([v, v2], 2)) for (k, v), (k2, v2) in zip(eager(tiny_drafter, *first), eager(tiny_drafter, *second))]
     same(ctx.kv(), kv)
+
+
+@torch.no_grad()
+def test_taps_given_per_layer_are_concatenated_when_projected(tiny_drafter):
+    """The loop hands over the tapped layers' outputs one by one; they must project like their concatenation,
+    through row selection and crops, also mixed with concatenated chunks."""
+    m = len(tiny_drafter.config.target_layer_ids)
+    chunks = [chunk(tiny_drafter, t, s, i) for i, (t, s) in enumerate([(4, 0), (1, 4), (2, 5)])]
+    per_layer = DraftContext(tiny_drafter)
+    joined = DraftContext(tiny_drafter)
+    for k, (taps, pos) in enumerate(chunks):
+        joined.append(taps, pos)
+        per_layer.append(taps if k == 1 else list(taps.split(H, dim=-1)), pos)  # chunk 1 given concatenated
+    assert per_layer.num_pending == joined.num_pending == 7 and m > 1
+    for ctx in (per_layer, joined):
+        ctx.select(torch.tensor([0, 2]))
+        ctx.crop(1)
+    same(per_layer.kv(), joined.kv())
+    taps = torch.cat([c[0] for c in chunks], 1)[[0, 2], :6]
+    positions = torch.cat([c[1] for c in chunks], 1)[[0, 2], :6]
+    same(per_layer.kv(), eager(tiny_drafter, taps, positions))

@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from hf_dspark.scheduler import (
+    SKIP_RECHECK,
     AdaptiveVerification,
     ConfidenceThreshold,
     FixedLength,
@@ -209,11 +210,16 @@ def test_adaptive_skips_drafting_when_it_does_not_pay_and_probes_with_backoff():
     # skip 2, probe, skip 4, probe, skip 8, probe, skip 8, ...; probes draft the best positive depth only
     assert run(policy, 30)[:18] == [0, 0, 1, 0, 0, 0, 0, 1] + [0] * 8 + [1, 0]
     # the default budget (1%): a probe costing 0.6 plain steps waits for 60 plain steps (61: 60 x 0.1 s rounds
-    # below 6 s), whatever probe_every says; each probe that finds nothing halves the budget, down to a quarter
+    # below 6 s), whatever probe_every says, and a clear skip is re-priced every SKIP_RECHECK = 8 steps, so it runs
+    # at the 67th; each probe that finds nothing halves the budget, down to an eighth: 121 (on the 8-step grid:
+    # 125), 241, then 481 skipped steps per probe
     frugal = AdaptiveVerification(table, probe_every=2, max_probe_every=8, costs=costs)
     frugal.draft_depth(1, 7)
     frugal.lengths(weak, 7)
-    assert run(frugal, 62 + 122 + 2 * 241) == [0] * 61 + [1] + [0] * 121 + [1] + ([0] * 240 + [1]) * 2
+    pattern = run(frugal, 2000)
+    probes = [i for i, depth in enumerate(pattern) if depth]
+    assert set(pattern) == {0, 1}
+    assert [b - a for a, b in zip([-1] + probes, probes)] == [67, 125, 241, 481, 481, 481]
     strong = torch.full((1, 1), 8.0)
     policy.lengths(strong, 1)  # a probe that finds drafting worthwhile again (deeper slots extrapolated)
     assert [policy.draft_depth(1, 7) for _ in range(3)] == [7, 7, 7]
@@ -227,6 +233,33 @@ def test_adaptive_skips_drafting_when_it_does_not_pay_and_probes_with_backoff():
     assert carried.draft_depth(1, 7) == 0
     with pytest.raises(ValueError, match="probe_every"):
         AdaptiveVerification(table, probe_every=0)
+
+
+def test_a_clear_skip_stands_for_a_few_steps_and_a_close_one_is_repriced_every_step():
+    """Between drafted steps only the prices move: a skip that drafting misses by more than 10% is re-priced every
+    SKIP_RECHECK steps (cheap plain steps), a closer one every step; either way drafting resumes once it pays."""
+    table = StepTimeTable([1, 8], [10.0, 9.0], max_batch_tokens=64)
+    sure = torch.full((1, 7), 8.0)  # survival ~1: depth L commits L + 1 tokens
+
+    def steps_until_drafting(draft_seconds):
+        seconds = [0.1] + [draft_seconds] * 7
+        policy = AdaptiveVerification(table, costs=FixedStepCosts(lambda _: seconds), probe_budget=0.0)  # no probes
+        assert policy.draft_depth(1, 7) == 7  # warm-up
+        policy.lengths(sure, 7)
+        depths = []
+        for step in range(40):
+            if step == 14:
+                seconds[1:] = [0.2] * 7  # drafting becomes 4x better than plain decoding
+            depths.append(policy.draft_depth(1, 7))
+            policy.observe_step(1, depths[-1], seconds[depths[-1]], 0.0)
+            if depths[-1]:
+                return depths
+        return depths
+
+    clear = steps_until_drafting(10.0)  # drafting's best rate: 8 tokens / 10 s = 0.08x plain decoding's
+    assert clear[:-1] == [0] * (len(clear) - 1) and clear[-1] == 7 and 15 < len(clear) <= 14 + SKIP_RECHECK
+    close = steps_until_drafting(0.85)  # 8 / 0.85 s: 0.94x plain decoding's, within SKIP_MARGIN
+    assert close == [0] * 14 + [7]
 
 
 def test_a_close_call_against_a_stale_plain_price_measures_plain_again():
