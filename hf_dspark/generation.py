@@ -328,11 +328,18 @@ def generate(
         if num_speculative_tokens is not None:
             caps = [min(c, num_speculative_tokens) for c in caps]
         t0 = time.perf_counter()
-        depth = min(policy.draft_depth(n, cfg.block_size, usable=caps), max(caps))
+        pending = context.num_pending  # context columns the drafter has not projected yet
+        depth = min(policy.draft_depth(n, cfg.block_size, usable=caps, pending_columns=pending), max(caps))
         stats.policy_time_s += time.perf_counter() - t0
         t0 = time.perf_counter()
+        catch_up = None  # (request-columns, seconds) of projecting what plain steps or the prefill left
         if depth > 0:
-            draft = draft_block(drafter, anchor, anchor_pos, context.kv(), ctx_valid, processing, prefix, markov, depth)
+            ctx_kv = context.kv()
+            if pending > cfg.block_size + 1:  # more than one verify step's columns
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                catch_up = (n * pending, time.perf_counter() - t0)
+            draft = draft_block(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov, depth)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # the policy prices drafting with this wall time
             stats.drafted_steps += 1
@@ -412,7 +419,7 @@ def generate(
         step_seconds = time.perf_counter() - step_start
         stats.step_seconds.append(step_seconds)
         t0 = time.perf_counter()
-        policy.observe_step(n, depth, step_seconds, draft_seconds, num_acc if depth > 0 else None)
+        policy.observe_step(n, depth, step_seconds, draft_seconds, num_acc if depth > 0 else None, catch_up=catch_up)
         stats.policy_time_s += time.perf_counter() - t0
 
     return _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer)

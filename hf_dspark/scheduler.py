@@ -490,20 +490,31 @@ class VerifyPolicy:
     def reset(self) -> None:
         """Forget per-generation state (history of earlier steps)."""
 
-    def draft_depth(self, num_requests: int, block_size: int, usable: Tensor | Sequence[int] | None = None) -> int:
+    def draft_depth(
+        self, num_requests: int, block_size: int, usable: Tensor | Sequence[int] | None = None, pending_columns: int = 0
+    ) -> int:
         """How many of the B block slots the drafter fills this step, 0..B; 0 skips the drafter (a plain step).
 
         Called before drafting, so it may use only earlier steps (that keeps every policy exact). `usable` [R]
-        (a tensor or a list of ints): drafts each request can still commit (None: no limit). The loop may lower
-        the depth further (num_speculative_tokens, tokens left to generate).
+        (a tensor or a list of ints): drafts each request can still commit (None: no limit). `pending_columns`:
+        context columns the drafter has not projected yet (a drafting step projects them first, for every
+        request). The loop may lower the depth further (num_speculative_tokens, tokens left to generate).
         """
         return block_size
 
     def observe_step(
-        self, num_requests: int, depth: int, step_seconds: float, draft_seconds: float, accepted: Tensor | None = None
+        self,
+        num_requests: int,
+        depth: int,
+        step_seconds: float,
+        draft_seconds: float,
+        accepted: Tensor | None = None,
+        catch_up: tuple[int, float] | None = None,
     ) -> None:
         """The step just finished: its wall time and its drafter pass's (0 when skipped), at depth `depth`, and
-        `accepted` [R], the drafts each request accepted (None on a plain step)."""
+        `accepted` [R], the drafts each request accepted (None on a plain step). `catch_up`: (request-columns,
+        seconds) of the context columns earlier plain steps (or the prefill) left and this drafting step projected
+        first, included in both times (None: none)."""
 
     def lengths(self, conf_logits: Tensor | None, block_size: int, num_requests: int | None = None) -> Tensor:
         """Drafts to verify per request.
@@ -552,7 +563,7 @@ class FullBlock(VerifyPolicy):
             raise ValueError(f"max_len must be >= 0, got {max_len}.")
         self.max_len = max_len
 
-    def draft_depth(self, num_requests, block_size, usable=None):
+    def draft_depth(self, num_requests, block_size, usable=None, pending_columns=0):
         return block_size if self.max_len is None else min(self.max_len, block_size)
 
     def _lengths(self, conf_logits, num_requests, block_size):
@@ -611,9 +622,11 @@ class AdaptiveVerification(VerifyPolicy):
       bookkeeping are all priced. Depth 0 skips the drafter: a weak drafter or a loaded device costs a plain step.
       While skipping it drafts anyway (a probe at the best depth >= 1) after `probe_every` skipped steps,
       doubling the interval after each probe that confirms the skip, up to `max_probe_every`, and never before the
-      probe's predicted extra seconds (over a plain step) are at most `probe_budget` of the seconds spent in the
-      skipped steps (a depth-1 probe cost ~2 extra plain steps at batch 64 and ~1 at batch 1 on a CPU, so at 1% it
-      waits ~100-200 plain steps; at 3% the probes took ~2% of the time at batch 1 with the shipped drafter). Each
+      probe's predicted extra seconds (over a plain step, plus the catch-up: projecting the context columns the
+      skipped steps left, `StepCosts.catch_up_seconds`, when more than one step's worth wait) are at most
+      `probe_budget` of the seconds spent in the skipped steps (a depth-1 probe cost ~2 extra plain steps at
+      batch 64 and ~1 at batch 1 on a CPU, so at 1% it waits ~100-200 plain steps; at 3% the probes took ~2% of the
+      time at batch 1 with the shipped drafter). Each
       probe that the next decision does not follow halves that share, down to an eighth of `probe_budget`: a
       drafter that keeps failing costs less and less (at 1% the probes and the scheduler's bookkeeping lost ~2% at
       batch 1 with the shipped drafter; at a quarter, probes were still ~0.25% of the time), and one drafting
@@ -712,7 +725,9 @@ class AdaptiveVerification(VerifyPolicy):
         """rho = (accepted + 1) / (predicted + 1) drafts over the recent drafted steps (1 before any)."""
         return (sum(a for _, a in self._outcomes) + 1.0) / (sum(p for p, _ in self._outcomes) + 1.0)
 
-    def draft_depth(self, num_requests: int, block_size: int, usable: Tensor | Sequence[int] | None = None) -> int:
+    def draft_depth(
+        self, num_requests: int, block_size: int, usable: Tensor | Sequence[int] | None = None, pending_columns: int = 0
+    ) -> int:
         run = self._skip_run
         if run is not None and run[0] == num_requests and run[1] == block_size and self._skipped < run[2]:
             self._skipped += 1  # a clear skip stands (see SKIP_RECHECK)
@@ -744,7 +759,8 @@ class AdaptiveVerification(VerifyPolicy):
                 return 0  # a close call against a plain price measured long ago: measure it again
             return depth
         self._skipped += 1
-        probe = self._probe_depth(rates, seconds) if self._skipped > self._interval else 0
+        catch_up = self.costs.catch_up_seconds(num_requests * pending_columns) if pending_columns > block_size + 1 else 0.0
+        probe = self._probe_depth(rates, seconds, catch_up) if self._skipped > self._interval else 0
         if probe == 0:
             if max(rates[1:]) <= SKIP_MARGIN * rates[0]:  # a clear skip stands for a few steps (never past a probe's turn)
                 last = self._skipped + SKIP_RECHECK - 1
@@ -754,11 +770,12 @@ class AdaptiveVerification(VerifyPolicy):
         self._probes += 1
         return probe
 
-    def _probe_depth(self, rates: list[float], seconds: list[float]) -> int:
-        """The depth of a probe due now, or 0 while it would cost more than its share of the time spent skipping."""
+    def _probe_depth(self, rates: list[float], seconds: list[float], catch_up: float) -> int:
+        """The depth of a probe due now, or 0 while it would cost more than its share of the time spent skipping
+        (its extra step time over a plain step, plus `catch_up` seconds projecting the skipped context columns)."""
         if self.probe_budget == math.inf:
             return _drafting_depth(rates)
-        allowance = self.probe_budget / 2 ** min(self._probes, 3) * self._skipped_s  # extra seconds a probe may cost now
+        allowance = self.probe_budget / 2 ** min(self._probes, 3) * self._skipped_s - catch_up  # for the step itself
         if not min(seconds[1:]) - seconds[0] <= allowance:
             return 0  # even the cheapest probe would cost more than its share
         probe = _drafting_depth(rates)
@@ -778,7 +795,10 @@ class AdaptiveVerification(VerifyPolicy):
         self._decision = (block_size, s)
         return s
 
-    def observe_step(self, num_requests, depth, step_seconds, draft_seconds, accepted=None):
+    def observe_step(self, num_requests, depth, step_seconds, draft_seconds, accepted=None, catch_up=None):
+        if catch_up is not None and depth > 0:  # priced apart: the step's own cost is what a drafting step repeats
+            self.costs.observe_catch_up(*catch_up)
+            step_seconds, draft_seconds = step_seconds - catch_up[1], max(draft_seconds - catch_up[1], 0.0)
         self.costs.observe(num_requests, depth, step_seconds, draft_seconds)
         if depth == 0:
             self._skipped_s += step_seconds

@@ -35,6 +35,13 @@ depth's price is. It predicts a cell it has not measured:
   estimates above come from different cells, and at a static batch's tail a plain step borrowed from R' = 32 was
   priced above a drafting step measured at R = 4 (0.33 s vs 0.20 s at R = 6), which made drafting look free.
 With no measurement at all, verify is the table's time and drafting is free: the first steps draft.
+
+A drafting step after plain steps first projects the context columns those steps left for the drafter (its
+`DraftContext` defers them): a catch-up that grows with the skipped steps and the batch, not with the depth. It is
+priced apart, per request-column (`observe_catch_up`, `catch_up_seconds`): with the shipped drafter on SmolLM2 in
+bf16 a batch-64 catch-up took 21 us per request-column (`OMP_NUM_THREADS=2 python scripts/catch_up_cost.py`), 1.3
+ms per skipped ~100 ms plain step: more than a probe's whole 1% budget of those steps, and 0.24 s for a call's 180
+columns, which, counted as drafter time, made the next drafting steps look several times dearer than they are.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ class StepCosts:
         self._recent: dict[tuple[int, int], deque[tuple[int, float, float]]] = {}  # (R, L) -> last `window` (clock, verify, draft)
         self._prior: dict[tuple[int, int], list[float]] = {}  # (R, B) -> table seconds per depth
         self._scale: dict[tuple[int, int], list[float]] = {}  # (R, B) -> interpolated table seconds per depth
+        self._catch_up: deque[float] = deque(maxlen=window)  # seconds per request-column of recent catch-ups
 
     def observe(self, num_requests: int, depth: int, step_seconds: float, draft_seconds: float = 0.0) -> None:
         """Record one measured step: its wall time and the part spent in the drafter pass (0 for a plain step)."""
@@ -93,6 +101,19 @@ class StepCosts:
             sum(w * v for w, (_, v, _) in zip(weights, recent)) / total,
             sum(w * d for w, (_, _, d) in zip(weights, recent)) / total,
         )
+
+    def observe_catch_up(self, request_columns: int, seconds: float) -> None:
+        """Record one catch-up: `request_columns` deferred context columns (summed over requests) projected in
+        `seconds`."""
+        if request_columns > 0 and math.isfinite(seconds) and seconds >= 0:
+            self._catch_up.append(seconds / request_columns)
+
+    def catch_up_seconds(self, request_columns: int) -> float:
+        """Predicted seconds to project `request_columns` deferred context columns: the mean rate of the recent
+        catch-ups, 0 before any (optimistic, like an unmeasured drafting step: the first one measures it)."""
+        if not self._catch_up or request_columns <= 0:
+            return 0.0
+        return request_columns * sum(self._catch_up) / len(self._catch_up)
 
     def _tick(self, depth: int) -> None:
         """Advance the clock by one observed step at depth L."""

@@ -38,9 +38,9 @@ def main() -> None:
     policy = bench.adaptive_policy()
     choose, observe, trace = policy.draft_depth, policy.observe_step, []
 
-    def traced_depth(n, block_size, usable=None):
+    def traced_depth(n, block_size, usable=None, pending_columns=0):
         survival = policy._decision_survival(block_size)  # what the decision below uses
-        depth = choose(n, block_size, usable)
+        depth = choose(n, block_size, usable, pending_columns)
         seconds = policy.costs.seconds(n, block_size).numpy()
         line = f"R={n} depth={depth} predicted_s={np.round(seconds, 3).tolist()} rho={policy.acceptance_ratio:.3f}"
         if survival is not None:
@@ -52,10 +52,12 @@ def main() -> None:
         trace.append(line)
         return depth
 
-    def traced_observe(n, depth, step_s, draft_s, accepted=None):
+    def traced_observe(n, depth, step_s, draft_s, accepted=None, catch_up=None):
         acc = "-" if accepted is None else int(accepted.sum())
         trace[-1] += f" measured_s={step_s:.3f} drafter_s={draft_s:.3f} accepted={acc}"
-        observe(n, depth, step_s, draft_s, accepted)
+        if catch_up is not None:
+            trace[-1] += f" catch_up_s={catch_up[1]:.3f} ({catch_up[0]} request-columns)"
+        observe(n, depth, step_s, draft_s, accepted, catch_up)
 
     policy.draft_depth, policy.observe_step = traced_depth, traced_observe
     enc = bench.encode(load_prompts("gsm8k", args.batch_size))

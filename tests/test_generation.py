@@ -16,7 +16,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 import hf_dspark
 import hf_dspark.generation as G
-from hf_dspark.scheduler import AdaptiveVerification, ConfidenceThreshold, FixedLength, FullBlock
+from hf_dspark.scheduler import AdaptiveVerification, ConfidenceThreshold, FixedLength, FullBlock, VerifyPolicy
 from hf_dspark.step_table import StepTimeTable
 from hf_dspark.testing import FixedStepCosts, oracle_drafts, ragged_batch, synthetic_drafts
 
@@ -105,6 +105,36 @@ def test_greedy_identical_when_the_scheduler_skips_drafting_or_drafts_shallow(ti
                 assert verified == (7 if step == 0 else 3)  # cannot commit are not worth their price)
             left = [x - next(accepted) for x in left]
         assert step > 3
+
+
+def test_the_first_drafting_step_after_plain_steps_reports_its_catch_up(tiny_target, tiny_drafter):
+    """The drafter context columns that the prefill and plain steps left are projected by the next drafting step:
+    the loop tells the policy how many wait before each step, and what that catch-up cost, apart from the step."""
+
+    class Scripted(VerifyPolicy):
+        def __init__(self, depths):
+            self.depths, self.pending, self.observed = iter(depths), [], []
+
+        def draft_depth(self, num_requests, block_size, usable=None, pending_columns=0):
+            self.pending.append(pending_columns)
+            return next(self.depths, 0)
+
+        def observe_step(self, num_requests, depth, step_seconds, draft_seconds, accepted=None, catch_up=None):
+            self.observed.append((depth, catch_up, draft_seconds))
+
+        def _lengths(self, conf_logits, num_requests, block_size):
+            return torch.full((num_requests,), block_size, dtype=torch.long)
+
+    B = tiny_drafter.config.block_size
+    enc = {"input_ids": torch.arange(2, 22)[None]}  # 20 prompt tokens, one request
+    policy = Scripted([0] * 5 + [B, B, 0, 1])
+    tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, verify_policy=policy)
+    assert policy.pending[:6] == [20, 21, 22, 23, 24, 25]  # the prompt, then one column per plain step
+    depth, catch_up, draft_seconds = policy.observed[5]
+    assert depth == B and catch_up[0] == 25 and 0 < catch_up[1] <= draft_seconds
+    assert policy.pending[6] <= B + 1 and policy.observed[6][1] is None  # a drafting step after a drafting step
+    assert policy.observed[8][0] == 1 and policy.observed[8][1] is None  # its columns and one plain step's: no catch-up
+    assert all(c is None for d, c, _ in policy.observed if d == 0)
 
 
 def test_synthetic_drafts_have_the_requested_quality_and_stay_exact(tiny_target, tiny_drafter):

@@ -262,6 +262,35 @@ def test_a_clear_skip_stands_for_a_few_steps_and_a_close_one_is_repriced_every_s
     assert close == [0] * 14 + [7]
 
 
+def test_a_probe_pays_for_the_context_it_catches_up_on():
+    """A probe after many plain steps first projects the context columns they left; its budget covers that
+    catch-up too (priced per request-column from earlier catch-ups), and the drafting step's price does not."""
+    table = StepTimeTable([1, 8], [10.0, 9.0], max_batch_tokens=64)
+    costs = FixedStepCosts([0.1] + [0.15 + 0.01 * L for L in range(1, 8)])  # a probe's extra: 0.06 s
+    weak = torch.full((1, 7), -6.0)
+
+    def first_probe(pending_columns):
+        policy = AdaptiveVerification(table, probe_every=2, max_probe_every=8, costs=costs)
+        policy.draft_depth(1, 7)
+        policy.lengths(weak, 7)
+        for step in range(1000):
+            depth = policy.draft_depth(1, 7, pending_columns=pending_columns)
+            policy.observe_step(1, depth, float(costs.seconds(1, 7)[depth]), 0.0)
+            if depth:
+                return step
+
+    costs.observe_catch_up(600, 0.06)  # 0.1 ms per request-column
+    assert first_probe(8) == 66  # one verify step's columns (<= B + 1) are part of any drafting step's price
+    assert 121 <= first_probe(600) <= 128  # 0.06 s of catch-up doubles the probe's cost: twice the skipped time
+
+    policy = AdaptiveVerification(table)
+    policy.draft_depth(1, 7)
+    policy.lengths(weak, 7)
+    policy.observe_step(1, 7, 0.5, 0.35, accepted=torch.tensor([0]), catch_up=(100, 0.3))
+    assert policy.costs.seconds_list(1, 7)[7] == pytest.approx(0.2)  # verify 0.15 + drafter 0.05
+    assert policy.costs.catch_up_seconds(100) == pytest.approx(0.3)
+
+
 def test_a_close_call_against_a_stale_plain_price_measures_plain_again():
     """The machine speeds up from 1.2x to 1x while the scheduler drafts: the plain price it learned while slow makes
     drafting look 16% better when it is 3% worse. A plain step measured again (after ~28 drafted steps at a 0.5%

@@ -143,3 +143,14 @@ def test_no_depth_is_priced_above_a_deeper_one():
     got = costs.seconds(6, 7)
     assert float(got[0]) == pytest.approx(float(got[1])) and float(got[1]) < 0.33
     assert bool((got[1:] >= got[:-1]).all())
+
+
+def test_a_catch_up_is_priced_per_request_column_apart_from_the_steps():
+    costs = StepCosts(linear_table())
+    assert costs.catch_up_seconds(1000) == 0.0  # none measured yet: optimistic
+    costs.observe_catch_up(100, 0.2)  # 2 ms per request-column
+    costs.observe_catch_up(200, 0.2)  # 1 ms
+    costs.observe_catch_up(0, 1.0)  # nothing projected: says nothing
+    assert costs.catch_up_seconds(1000) == pytest.approx(1.5)
+    assert costs.catch_up_seconds(0) == 0.0
+    assert not costs.measured(1, 1)  # no step cell learns from it
