@@ -456,7 +456,7 @@ def run_cli(args: argparse.Namespace) -> int:
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=model)
     twin = DSparkDrafter.from_pretrained(args.dflash_drafter, target=model) if args.dflash_drafter else None
     profile_kwargs = {
-        "num_requests": tuple(sorted(set(sizes))),
+        "num_requests": tuple(sorted(set(sizes) | {1})),  # one request: where every static batch ends
         "batch_tokens": [n for n in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512) if n <= 8 * max(sizes)],
         "context_len": 128,
         "repeats": 2,

@@ -30,10 +30,13 @@ depth's price is. It predicts a cell it has not measured:
   at depth 1 (126 tokens) fell to the 96-token probe and was priced 36% below R = 64). Rows finish one by one, so
   a static batch's tail walks R down through sizes the scheduler has not seen yet; without this, each new R would
   explore the depths afresh;
-- a depth measured nowhere: a batch size never measured borrows the ratio and the line of the nearest measured one;
-- finally no depth is priced above a deeper one (a step at depth L does a subset of a step at L + 1's work): the
-  estimates above come from different cells, and at a static batch's tail a plain step borrowed from R' = 32 was
-  priced above a drafting step measured at R = 4 (0.33 s vs 0.20 s at R = 6), which made drafting look free.
+- a depth measured nowhere: a batch size never measured borrows the ratio and the line of the nearest measured one
+  (the line of the nearest one that drafted, if that one only ran plain steps);
+- finally no estimate is priced above a deeper step or below a shallower one (a step at depth L does a subset of a
+  step at L + 1's work), while a cell measured at R stays as measured: the estimates come from different cells, and
+  at a static batch's tail a plain step borrowed from R' = 32 was priced above a drafting step measured at R = 4
+  (0.33 s vs 0.20 s at R = 6), which made drafting look free; lowering measured cells the same way priced a
+  one-request depth-5 step measured at 75 ms at an estimated 39 ms (fp32, synthetic batch 32).
 With no measurement at all, verify is the table's time and drafting is free: the first steps draft.
 
 A drafting step after plain steps first projects the context columns those steps left for the drafter (its
@@ -177,7 +180,7 @@ class StepCosts:
         seen_prior = prior if seen == R else self._table_seconds(seen, B)
         ratios = [v / seen_prior[L] for L, (v, _) in cells.items() if math.isfinite(seen_prior[L])]
         ratio = min(ratios) if ratios else 1.0  # optimistic: an unmeasured cell gets tried, then known
-        out = [t * ratio + d if math.isfinite(t) else math.inf for t, d in zip(prior, _line(cells, B))]
+        out = [t * ratio + d if math.isfinite(t) else math.inf for t, d in zip(prior, _line(self._drafter_cells(R, seen, B), B))]
         for L in range(B + 1):  # a depth measured at R speaks for itself; elsewhere, the nearest R' scaled by the table
             if not math.isfinite(prior[L]):
                 continue
@@ -185,9 +188,27 @@ class StepCosts:
             if near is not None:
                 v, d = self._cells[near][L]
                 out[L] = v + d if near == R else (v + d) * self._scale_seconds(R, B)[L] / self._scale_seconds(near, B)[L]
-        for L in range(B - 1, -1, -1):  # a step never costs more than a deeper one: it does a subset of its work
-            out[L] = min(out[L], out[L + 1])
+        # a step does a subset of a deeper one's work: no estimate above a deeper price or below a shallower one
+        # (a cell measured at R stays as measured: when estimates and measurements disagree, the estimate is wrong)
+        here = self._cells.get(R, {})
+        for L in range(B - 1, -1, -1):
+            if L not in here:
+                out[L] = min(out[L], out[L + 1])
+        for L in range(1, B + 1):
+            if L not in here:
+                out[L] = max(out[L], out[L - 1])
         return out
+
+    def _drafter_cells(self, R: int, seen: int, B: int) -> dict[int, tuple[float, float]]:
+        """The cells whose drafter seconds price R's drafting: those of `seen` (the measured batch size nearest R),
+        or, when it never drafted, of the nearest batch size that did (with none, drafting is free). A one-request
+        tail whose nearest measured size had only plain steps once priced every depth at the plain step's 39 ms,
+        where a depth-5 step took 75 ms, and the static-batch model saw a free tail (fp32, synthetic batch 32)."""
+        if any(L >= 1 for L in self._cells[seen]):
+            return {L: c for L, c in self._cells[seen].items() if L <= B}
+        drafted = sorted({r for L, rows in self._measured_at.items() if L >= 1 for r in rows})
+        near = next(_nearest(drafted, R), None)
+        return {} if near is None else {L: c for L, c in self._cells[near].items() if L <= B}
 
 
 def _nearest(rows: list[int], R: int):

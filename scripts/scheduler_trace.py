@@ -31,7 +31,7 @@ def main() -> None:
     args = p.parse_args()
     model, tok = load_target("smollm2-135m-instruct", dtype="float32")
     drafter = DSparkDrafter.from_pretrained(str(default_drafter()), target=model)
-    sizes = sorted({32, args.batch_size})  # the table the bench profiles for its batch 32-64 run
+    sizes = sorted({1, 32, args.batch_size})  # the table the bench profiles for its batch 32-64 run
     tokens = [n for n in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512) if n <= 8 * max(sizes)]
     profile_kwargs = {"num_requests": tuple(sizes), "batch_tokens": tokens, "context_len": 128, "repeats": 2, "warmup": 1}
     bench = Bench(model, tok, drafter, None, args.max_new_tokens, profile_kwargs, args.synthetic_acceptance)

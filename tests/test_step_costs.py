@@ -154,3 +154,26 @@ def test_a_catch_up_is_priced_per_request_column_apart_from_the_steps():
     assert costs.catch_up_seconds(1000) == pytest.approx(1.5)
     assert costs.catch_up_seconds(0) == 0.0
     assert not costs.measured(1, 1)  # no step cell learns from it
+
+
+def test_a_size_that_never_drafted_borrows_the_drafter_seconds_of_the_nearest_one_that_did():
+    """A one-request tail: its nearest measured size (R = 2) ran only plain steps. Its drafting steps must still
+    pay a drafter pass (measured at R = 3), not come out as cheap as the plain step."""
+    costs = StepCosts(StepTimeTable([32, 64], [9.0, 8.0], max_batch_tokens=512))  # flat below 32 tokens
+    costs.observe(2, 0, step_seconds=0.039)
+    costs.observe(3, 6, step_seconds=0.099, draft_seconds=0.018)
+    got = costs.seconds(1, 7)
+    assert float(got[0]) == pytest.approx(0.039)
+    assert float(got[1]) == pytest.approx(0.039 + 0.018 / 6)  # the line through R = 3's one drafting depth
+    assert float(got[7]) == pytest.approx(0.039 + 0.018 * 7 / 6)
+
+
+def test_measured_cells_stay_and_estimates_fall_in_line_around_them():
+    """A depth measured at R is not lowered to an estimate of a deeper one; deeper estimates rise to it instead."""
+    costs = StepCosts(StepTimeTable([32, 64], [9.0, 8.0], max_batch_tokens=512))
+    costs.observe(1, 0, step_seconds=0.039)
+    costs.observe(1, 5, step_seconds=0.075, draft_seconds=0.015)  # verify 0.06: the ratio prices the rest
+    got = costs.seconds(1, 7).tolist()
+    assert got[5] == pytest.approx(0.075) and got[0] == pytest.approx(0.039)
+    assert got[6] == pytest.approx(0.075) and got[7] == pytest.approx(0.075)  # estimates below: raised
+    assert got == sorted(got)
