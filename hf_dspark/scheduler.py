@@ -755,7 +755,7 @@ class AdaptiveVerification(VerifyPolicy):
             gain = call_seconds[0] / call_seconds[depth]
         if depth > 0:
             self._skipped, self._skipped_s, self._interval, self._probes = 0, 0.0, self.probe_every, 0
-            if gain < 1.0 + self.remeasure_margin and self.costs.age(0) * self.remeasure_budget >= 1.0 - 1.0 / gain:
+            if gain < 1.0 + self.remeasure_margin and self.costs.age(0, num_requests) * self.remeasure_budget >= 1.0 - 1.0 / gain:
                 return 0  # a close call against a plain price measured long ago: measure it again
             return depth
         self._skipped += 1

@@ -77,7 +77,7 @@ class StepCosts:
         self.table = table
         self.window, self.half_life = window, float(half_life)
         self._clock = 0  # steps observed so far
-        self._last_seen: dict[int, int] = {}  # L -> clock of the latest step measured at depth L (any R)
+        self._last_seen: dict[int, dict[int, int]] = {}  # L -> R -> clock of the latest step measured at (R, L)
         self._cells: dict[int, dict[int, tuple[float, float]]] = {}  # R -> L -> (verify s, draft s) means of the window
         self._measured_at: dict[int, list[int]] = {}  # L -> sorted batch sizes R with a measured (R, L) cell
         self._recent: dict[tuple[int, int], deque[tuple[int, float, float]]] = {}  # (R, L) -> last `window` (clock, verify, draft)
@@ -92,7 +92,7 @@ class StepCosts:
         if not (math.isfinite(step_seconds) and math.isfinite(draft_seconds) and 0.0 <= draft_seconds):
             raise ValueError(f"Step timings must be finite and >= 0, got {step_seconds} and {draft_seconds}.")
         draft_seconds = draft_seconds if depth else 0.0  # a plain step has no drafter pass
-        self._tick(depth)
+        self._tick(depth, num_requests)
         recent = self._recent.setdefault((num_requests, depth), deque(maxlen=self.window))
         recent.append((self._clock, max(step_seconds - draft_seconds, 0.0), draft_seconds))
         weights = [0.5 ** ((self._clock - clock) / self.half_life) for clock, _, _ in recent]
@@ -118,19 +118,23 @@ class StepCosts:
             return 0.0
         return request_columns * sum(self._catch_up) / len(self._catch_up)
 
-    def _tick(self, depth: int) -> None:
-        """Advance the clock by one observed step at depth L."""
+    def _tick(self, depth: int, num_requests: int) -> None:
+        """Advance the clock by one observed step at (R, L)."""
         self._clock += 1
-        self._last_seen[depth] = self._clock
+        self._last_seen.setdefault(depth, {})[num_requests] = self._clock
 
     def measured(self, num_requests: int, depth: int) -> bool:
         """Whether a step at exactly (R, L) has been measured."""
         return depth in self._cells.get(num_requests, {})
 
-    def age(self, depth: int) -> float:
-        """Steps observed since a step at depth L (any batch size) was last measured; inf if never."""
-        seen = self._last_seen.get(depth)
-        return math.inf if seen is None else float(self._clock - seen)
+    def age(self, depth: int, num_requests: int | None = None) -> float:
+        """Steps observed since a step at depth L was last measured, at any batch size, or with `num_requests` at
+        one within 20% of R (0.8 R .. 1.25 R); inf if never. A price borrowed from a far batch size is as unknown as
+        an old one: a batch-64 plain price scaled from batch 32, "fresh" because a one-request plain step had just
+        run, made drafting look 8% faster at synthetic batch 64 where it was 8-16% slower (fp32)."""
+        seen = self._last_seen.get(depth, {})
+        clocks = [c for r, c in seen.items() if num_requests is None or 0.8 * num_requests <= r <= 1.25 * num_requests]
+        return math.inf if not clocks else float(self._clock - max(clocks))
 
     def _table_seconds(self, num_requests: int, block_size: int) -> list[float]:
         """T_R(R (L + 1)) for L = 0..B: B + 1 floats; inf where the batch exceeds the table's max_batch_tokens.

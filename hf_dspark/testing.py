@@ -119,4 +119,4 @@ class FixedStepCosts(StepCosts):
         return fixed[: block_size + 1]
 
     def observe(self, num_requests: int, depth: int, step_seconds: float, draft_seconds: float = 0.0) -> None:
-        self._tick(depth)  # the prices stay fixed; `age` still counts the steps
+        self._tick(depth, num_requests)  # the prices stay fixed; `age` still counts the steps

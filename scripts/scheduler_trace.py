@@ -6,6 +6,7 @@ scheduler's choice; the loop may lower it (a request's last token drafts nothing
 
     OMP_NUM_THREADS=2 python scripts/scheduler_trace.py --batch-size 64 --calls 3
     OMP_NUM_THREADS=2 python scripts/scheduler_trace.py --batch-size 32 --synthetic-acceptance 0.8
+    OMP_NUM_THREADS=2 python scripts/scheduler_trace.py --batch-size 64 --after 32 --synthetic-acceptance 0.8
 """
 
 import argparse
@@ -26,12 +27,15 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--after", type=int, default=None, metavar="BATCH_SIZE",
+                   help="first run 3 untraced calls at this batch size, as the bench's batch 32-64 run does batch 32 "
+                        "before 64 with one scheduler")
     p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
                    help="draft the batch's own plain output, each token right with probability ALPHA (as the bench)")
     args = p.parse_args()
     model, tok = load_target("smollm2-135m-instruct", dtype="float32")
     drafter = DSparkDrafter.from_pretrained(str(default_drafter()), target=model)
-    sizes = sorted({1, 32, args.batch_size})  # the table the bench profiles for its batch 32-64 run
+    sizes = sorted({1, 32, args.batch_size} | ({args.after} if args.after else set()))  # as the bench's batch 32-64 run
     tokens = [n for n in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512) if n <= 8 * max(sizes)]
     profile_kwargs = {"num_requests": tuple(sizes), "batch_tokens": tokens, "context_len": 128, "repeats": 2, "warmup": 1}
     bench = Bench(model, tok, drafter, None, args.max_new_tokens, profile_kwargs, args.synthetic_acceptance)
@@ -60,6 +64,14 @@ def main() -> None:
         observe(n, depth, step_s, draft_s, accepted, catch_up)
 
     policy.draft_depth, policy.observe_step = traced_depth, traced_observe
+    if args.after:
+        enc = bench.encode(load_prompts("gsm8k", args.after))
+        reference = model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False)
+        for call in range(3):
+            drafts = contextlib.nullcontext() if args.synthetic_acceptance is None else synthetic_drafts(reference, args.synthetic_acceptance, seed=100 + call)
+            with drafts:
+                model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False, assistant_model=drafter, verify_policy=policy)
+        trace.clear()
     enc = bench.encode(load_prompts("gsm8k", args.batch_size))
     reference = None  # synthetic drafts continue each row's own plain output
     if args.synthetic_acceptance is not None:

@@ -11,6 +11,7 @@ import transformers
 
 from hf_dspark.scheduler import (
     SKIP_RECHECK,
+    _rates,
     AdaptiveVerification,
     ConfidenceThreshold,
     FixedLength,
@@ -289,6 +290,23 @@ def test_a_probe_pays_for_the_context_it_catches_up_on():
     policy.observe_step(1, 7, 0.5, 0.35, accepted=torch.tensor([0]), catch_up=(100, 0.3))
     assert policy.costs.seconds_list(1, 7)[7] == pytest.approx(0.2)  # verify 0.15 + drafter 0.05
     assert policy.costs.catch_up_seconds(100) == pytest.approx(0.3)
+
+
+def test_a_plain_price_borrowed_from_a_far_batch_size_is_measured_before_a_close_call():
+    """Batch 32 has just run plain steps (and a one-request tail); batch 64's plain price is only scaled from them.
+    On a close call the first batch-64 step runs plain, so drafting is judged against a price measured there."""
+    table = StepTimeTable([32, 64, 128], [10.0, 5.0, 2.5], max_batch_tokens=512)
+    policy = AdaptiveVerification(table, prior_survival=torch.full((7,), 0.19))
+    for _ in range(20):
+        policy.observe_step(32, 0, 0.1, 0.0)
+    policy.observe_step(32, 1, 0.16, 0.02)  # a drafting step: its drafter line prices the deeper depths
+    policy.observe_step(1, 0, 0.03, 0.0)
+    assert policy.costs.age(0) == 0 and policy.costs.age(0, 64) == math.inf and policy.costs.age(0, 32) == 2
+    rates = _rates(policy._decision_survival(7), policy.costs.seconds_list(64, 7), 64, None)
+    assert 1.0 < max(rates) / rates[0] < 1.25  # depth 7 looks 10% better than plain decoding: a close call
+    assert policy.draft_depth(64, 7) == 0  # ... against a price borrowed from batch 32: measure it
+    policy.observe_step(64, 0, 0.2, 0.0)
+    assert policy.costs.age(0, 64) == 0
 
 
 def test_a_close_call_against_a_stale_plain_price_measures_plain_again():
@@ -650,16 +668,16 @@ def test_static_batch_drafts_only_when_it_pays_after_the_ragged_finish():
     per_row = 1 + float(survival[0, :3].sum())  # committed tokens per request at depth 3
     table = StepTimeTable([1, 2], [2.0, 1.0], max_batch_tokens=2)
 
-    def policy(gain, static_batch=True):  # depth 3 (besides plain) commits per_row tokens in per_row / gain plain steps
+    def policy(gain, static_batch=True, R=16):  # depth 3 (besides plain) commits per_row tokens in per_row / gain plain steps
         costs = FixedStepCosts([1.0, math.inf, math.inf, per_row / gain] + [math.inf] * 4)
-        costs.observe(16, 0, 1.0)  # the plain price is fresh: no re-measuring
+        costs.observe(R, 0, 1.0)  # the plain price is fresh at this batch size: no re-measuring
         return AdaptiveVerification(table, costs=costs, prior_survival=survival[0], static_batch=static_batch)
 
     many, one = torch.full((16,), 31), torch.full((1,), 31)
     assert best_depth(survival, policy(1.1).costs.seconds(16, 7), usable=many) == 3  # the per-step rule drafts
     assert policy(1.1).draft_depth(16, 7, usable=many) == 0
     assert policy(1.5).draft_depth(16, 7, usable=many) == 3
-    assert policy(1.1).draft_depth(1, 7, usable=one) == 3
+    assert policy(1.1, R=1).draft_depth(1, 7, usable=one) == 3
     assert policy(1.1).draft_depth(16, 7, usable=torch.full((16,), 3999)) == 3
     assert policy(1.1).draft_depth(16, 7) == 3  # no budget known: nothing to price the finish by
     assert policy(1.1, static_batch=False).draft_depth(16, 7, usable=many) == 3  # finished requests get replaced
