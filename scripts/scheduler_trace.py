@@ -64,25 +64,27 @@ def main() -> None:
         observe(n, depth, step_s, draft_s, accepted, catch_up)
 
     policy.draft_depth, policy.observe_step = traced_depth, traced_observe
-    if args.after:
-        enc = bench.encode(load_prompts("gsm8k", args.after))
-        reference = model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False)
-        for call in range(3):
-            drafts = contextlib.nullcontext() if args.synthetic_acceptance is None else synthetic_drafts(reference, args.synthetic_acceptance, seed=100 + call)
+
+    def calls(batch_size: int, n: int, seed0: int = 0):
+        """Run n scheduler calls on a GSM8K batch -> (call, its seconds) after each (synthetic drafts continue each
+        row's own plain output, one draw per call)."""
+        enc = bench.encode(load_prompts("gsm8k", batch_size))
+        reference = None
+        if args.synthetic_acceptance is not None:
+            reference = model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False)
+        for call in range(n):
+            trace.clear()
+            t0 = time.perf_counter()
+            drafts = contextlib.nullcontext() if reference is None else synthetic_drafts(reference, args.synthetic_acceptance, seed=seed0 + call)
             with drafts:
                 model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False, assistant_model=drafter, verify_policy=policy)
-        trace.clear()
-    enc = bench.encode(load_prompts("gsm8k", args.batch_size))
-    reference = None  # synthetic drafts continue each row's own plain output
-    if args.synthetic_acceptance is not None:
-        reference = model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False)
-    for call in range(args.calls):
-        trace.clear()
-        t0 = time.perf_counter()
-        drafts = contextlib.nullcontext() if reference is None else synthetic_drafts(reference, args.synthetic_acceptance, seed=call)
-        with drafts:
-            model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False, assistant_model=drafter, verify_policy=policy)
-        print(f"call {call}: {time.perf_counter() - t0:.1f} s")
+            yield call, time.perf_counter() - t0
+
+    if args.after:
+        for _ in calls(args.after, 3, seed0=100):
+            pass
+    for call, seconds in calls(args.batch_size, args.calls):
+        print(f"call {call}: {seconds:.1f} s")
         print("\n".join(trace))
 
 
