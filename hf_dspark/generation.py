@@ -40,6 +40,7 @@ from .kernels import build_cu_num_draft, build_verify_inputs, flatten_ragged, ga
 from .modeling import DSparkDrafter
 from .processing import Processing
 from .scheduler import AdaptiveVerification, ConfidenceThreshold, FullBlock, VerifyPolicy, prior_survival
+from .step_costs import catch_up_columns
 from .step_table import load_or_profile
 
 logger = logging.get_logger(__name__)
@@ -335,7 +336,7 @@ def generate(
         catch_up = None  # (request-columns, seconds) of projecting what plain steps or the prefill left
         if depth > 0:
             ctx_kv = context.kv()
-            if pending > cfg.block_size + 1:  # more than one verify step's columns
+            if catch_up_columns(pending, cfg.block_size):
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 catch_up = (n * pending, time.perf_counter() - t0)

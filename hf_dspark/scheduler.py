@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 from transformers.utils import logging
 
-from .step_costs import StepCosts
+from .step_costs import StepCosts, catch_up_columns
 
 if TYPE_CHECKING:
     from .step_table import StepTimeTable
@@ -759,7 +759,7 @@ class AdaptiveVerification(VerifyPolicy):
                 return 0  # a close call against a plain price measured long ago: measure it again
             return depth
         self._skipped += 1
-        catch_up = self.costs.catch_up_seconds(num_requests * pending_columns) if pending_columns > block_size + 1 else 0.0
+        catch_up = self.costs.catch_up_seconds(num_requests * catch_up_columns(pending_columns, block_size))
         probe = self._probe_depth(rates, seconds, catch_up) if self._skipped > self._interval else 0
         if probe == 0:
             if max(rates[1:]) <= SKIP_MARGIN * rates[0]:  # a clear skip stands for a few steps (never past a probe's turn)

@@ -215,6 +215,13 @@ class StepCosts:
         return {} if near is None else {L: c for L, c in self._cells[near].items() if L <= B}
 
 
+def catch_up_columns(pending_columns: int, block_size: int) -> int:
+    """Of the context columns waiting when a drafting step starts, those that are a catch-up: all of them when more
+    than one verify step's worth (B + 1) wait, else none (a drafting step after a drafting step projects only the
+    previous verify's columns, part of every drafting step's price)."""
+    return pending_columns if pending_columns > block_size + 1 else 0
+
+
 def _nearest(rows: list[int], R: int):
     """The values of the sorted list `rows` by distance to R, ties: the larger first."""
     hi = bisect.bisect_left(rows, R)
