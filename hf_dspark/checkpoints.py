@@ -182,10 +182,10 @@ def translate_config(raw: dict, names: set[str]) -> tuple[DSparkConfig, str]:
         text = dict(raw.get("transformer_layer_config") or {})
         vocab = text.get("vocab_size")
         draft_vocab = raw.get("draft_vocab_size", vocab)
-        if draft_vocab != vocab:
+        if draft_vocab != vocab and not {"d2t", "t2d"} <= names:
             raise ValueError(
-                f"This speculators checkpoint drafts over a reduced vocabulary ({draft_vocab} of {vocab} tokens, d2t/t2d "
-                "maps); hf_dspark supports full-vocabulary drafters only -- retrain with the full vocabulary."
+                f"This speculators checkpoint drafts over a reduced vocabulary ({draft_vocab} of {vocab} tokens) but its "
+                "weights lack the d2t/t2d maps; the checkpoint is incomplete."
             )
         aux = raw.get("aux_hidden_state_layer_ids")
         if not aux:
@@ -194,6 +194,8 @@ def translate_config(raw: dict, names: set[str]) -> tuple[DSparkConfig, str]:
         fields.update({k: raw[k] for k in _DSPARK_FIELDS if raw.get(k) is not None})
         fields["target_layer_ids"] = [int(i) - 1 for i in aux]
         fields["share_target_embeddings"] = shares
+        if draft_vocab != vocab:
+            fields["draft_vocab_size"] = int(draft_vocab)
         return DSparkConfig(**fields), "speculators"
     if archs and archs[0] == "Gemma4DSparkModel":
         raise NotImplementedError(
@@ -214,12 +216,22 @@ def translate_config(raw: dict, names: set[str]) -> tuple[DSparkConfig, str]:
     )
 
 
-def _normalise_names(state: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
+def _normalise_names(state: dict[str, torch.Tensor], config: DSparkConfig) -> dict[str, torch.Tensor]:
     out = {}
     for name, t in state.items():
-        if name in ("d2t", "t2d"):
+        if name in ("d2t", "t2d") and not config.reduced_vocab:
             continue  # identity maps of a full-vocabulary speculators drafter
         out[name.removeprefix("model.")] = t
+    if config.reduced_vocab:
+        from .modeling import check_draft_maps
+
+        missing = [k for k in ("d2t", "t2d") if k not in out]
+        if missing:
+            raise ValueError(
+                f"The config sets draft_vocab_size={config.draft_vocab_size} but the weights lack {', '.join(missing)}; "
+                "the checkpoint is incomplete."
+            )
+        check_draft_maps(out["d2t"], out["t2d"], config.vocab_size, config.draft_vocab_size)
     return out
 
 
@@ -241,7 +253,7 @@ def load_drafter(
         dtype = getattr(torch, dtype)
     if dtype is None and target is not None:
         dtype = target.dtype
-    state = _normalise_names(read_weights(files, dtype), layout)
+    state = _normalise_names(read_weights(files, dtype), config)
     model = cls(config)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))

@@ -53,6 +53,11 @@ class DSparkConfig(PreTrainedConfig):
         confidence_head_with_markov: whether the confidence head also sees W1[x_{k-1}].
         share_target_embeddings: the checkpoint carries no `embed_tokens`/`lm_head`; they are the target's.
         target_model_id: name of the target this drafter was trained for (informational, checked at bind).
+        draft_vocab_size: number D of target tokens the drafter can propose (None or `vocab_size`: all of them).
+            With D < vocab_size the drafter has its own `lm_head` over D rows, the Markov head's W2 has D rows, and
+            the buffers `d2t` [D] (offsets: target id = draft id + d2t[draft id]) and `t2d` [V] (bool) map between the
+            two vocabularies, exactly as speculators writes them. Verification stays exact: q = 0 outside the draft
+            vocabulary.
     """
 
     model_type = "dspark"
@@ -80,6 +85,7 @@ class DSparkConfig(PreTrainedConfig):
     num_anchors: int = 512
     share_target_embeddings: bool = True
     target_model_id: str | None = None
+    draft_vocab_size: int | None = None
     tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs: Any) -> None:
@@ -130,6 +136,14 @@ class DSparkConfig(PreTrainedConfig):
                 f"DSparkConfig.markov_rank={self.markov_rank!r} must be in [0, vocab_size={self.vocab_size}]; "
                 "use 0 for plain DFlash or a small rank such as 64-256."
             )
+        if self.draft_vocab_size is not None and (
+            not isinstance(self.draft_vocab_size, int) or isinstance(self.draft_vocab_size, bool)
+            or not 1 <= self.draft_vocab_size <= self.vocab_size
+        ):
+            raise ValueError(
+                f"DSparkConfig.draft_vocab_size={self.draft_vocab_size!r} must be an integer in [1, vocab_size={self.vocab_size}] "
+                "(or None for the full vocabulary)."
+            )
         if self.markov_head_type not in MARKOV_HEAD_TYPES:
             raise ValueError(
                 f"DSparkConfig.markov_head_type={self.markov_head_type!r} is unknown; use one of {', '.join(MARKOV_HEAD_TYPES)}."
@@ -172,9 +186,16 @@ class DSparkConfig(PreTrainedConfig):
         attn = h * hd * (2 * self.num_attention_heads + 2 * (self.num_key_value_heads or self.num_attention_heads))
         layer = attn + 3 * h * i
         taps = len(self.target_layer_ids or [1])
-        markov = 2 * v * self.markov_rank
+        d = self.draft_vocab_size or v
+        markov = (v + d) * self.markov_rank
         embeddings = 0 if self.share_target_embeddings else 2 * v * h
-        return self.num_hidden_layers * layer + taps * h * h + markov + embeddings
+        draft_head = d * h if d < v else 0
+        return self.num_hidden_layers * layer + taps * h * h + markov + embeddings + draft_head
+
+    @property
+    def reduced_vocab(self) -> bool:
+        """True when the drafter proposes only `draft_vocab_size` < `vocab_size` tokens."""
+        return self.draft_vocab_size is not None and self.draft_vocab_size < self.vocab_size
 
     # ------------------------------------------------------------------ construction
     @classmethod

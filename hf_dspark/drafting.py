@@ -51,11 +51,12 @@ def draft_block(
         [ctx_valid[:, None, None, :].expand(n, 1, b, -1), ctx_valid.new_ones((n, 1, b, b))], dim=-1
     )  # [N, 1, B, C + B]
     hidden = drafter.block_hidden(block, positions, ctx_kv, mask)[:, :depth]  # [N, depth, H]
-    base = drafter.base_logits(hidden).float()  # [N, depth, V]
+    base = drafter.base_logits(hidden).float()  # [N, depth, D] (D = V unless the draft vocabulary is reduced)
     head = drafter.markov_head if markov else None
     conf = drafter.confidence_head
     conf_reads_w1 = conf is not None and conf.proj.in_features > cfg.hidden_size
     fused = processing.temperature_only and (head.head_type == "vanilla" if head is not None else not conf_reads_w1)
+    fused = fused and not cfg.reduced_vocab  # the fused sampler works in the target vocabulary
     if not fused:
         return _sequential(drafter, base, hidden, anchor, processing, prefix, markov)
 
@@ -89,6 +90,7 @@ def _sequential(drafter, base, hidden, anchor, processing, prefix, markov) -> Dr
             latent, state = drafter.markov_latent(prev, hidden[:, k], state)
             if latent is not None:
                 logits = logits + drafter.markov_bias(latent).float()
+        logits = drafter.to_target_vocab(logits)  # [N, V]: -inf where the drafter cannot propose (q = 0 there)
         confs.append(drafter.confidence_logit(hidden[:, k], prev))
         drafted = torch.stack(tokens, dim=1) if tokens else anchor.new_zeros((n, 0))
         row_prefix = (lambda i, d=drafted: prefix(i, d[i])) if prefix is not None else None

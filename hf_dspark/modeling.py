@@ -152,8 +152,8 @@ class MarkovHead(nn.Module):
         r, v, h = config.markov_rank, config.vocab_size, config.hidden_size
         self.head_type = config.markov_head_type
         self.rank = r
-        self.markov_w1 = nn.Embedding(v, r)
-        self.markov_w2 = nn.Linear(r, v, bias=False)
+        self.markov_w1 = nn.Embedding(v, r)  # indexed by the previous token: any target id
+        self.markov_w2 = nn.Linear(r, config.draft_vocab_size or v, bias=False)  # a bias over the draft vocabulary
         if self.head_type == "gated":
             self.gate_proj = nn.Linear(h + r, r)
         elif self.head_type == "rnn":
@@ -179,11 +179,11 @@ class MarkovHead(nn.Module):
         g = torch.sigmoid(g)
         return torch.tanh(o), g * state + (1.0 - g) * torch.tanh(c)
 
-    def bias(self, latent: torch.Tensor) -> torch.Tensor:  # [..., r] -> [..., V]
+    def bias(self, latent: torch.Tensor) -> torch.Tensor:  # [..., r] -> [..., D]
         return self.markov_w2(latent)
 
     def block_bias(self, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced bias for whole blocks: prev_ids [..., B], hidden [..., B, H] -> [..., B, V]."""
+        """Teacher-forced bias for whole blocks: prev_ids [..., B], hidden [..., B, H] -> [..., B, D]."""
         if self.head_type != "rnn":
             return self.bias(self.latent(prev_ids, hidden)[0])
         state, out = None, []
@@ -202,6 +202,32 @@ class ConfidenceHead(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:  # [..., H (+r)] -> [...] logits
         return self.proj(features).squeeze(-1)
+
+
+def check_draft_maps(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int, draft_vocab_size: int) -> None:
+    """Validate speculators-style vocabulary maps: d2t [D] integer offsets (target id = draft id + d2t[draft id]),
+    t2d [V] bool marking the same target ids. Raises a ValueError naming the field."""
+    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool or tuple(d2t.shape) != (draft_vocab_size,):
+        raise ValueError(
+            f"d2t must be an integer tensor of shape [draft_vocab_size={draft_vocab_size}], got {d2t.dtype} "
+            f"{tuple(d2t.shape)}; the checkpoint's vocabulary maps do not match its config."
+        )
+    ids = torch.arange(draft_vocab_size, device=d2t.device) + d2t.long()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"d2t maps draft ids outside the target vocabulary [0, {vocab_size}); the maps are corrupt.")
+    if torch.unique(ids).numel() != ids.numel():
+        raise ValueError("d2t maps two draft ids to the same target id; each draft token must be a distinct target token.")
+    if t2d is None:
+        return
+    if t2d.dtype != torch.bool or tuple(t2d.shape) != (vocab_size,):
+        raise ValueError(
+            f"t2d must be a bool tensor of shape [vocab_size={vocab_size}], got {t2d.dtype} {tuple(t2d.shape)}; "
+            "the checkpoint's vocabulary maps do not match its config."
+        )
+    mark = torch.zeros(vocab_size, dtype=torch.bool, device=t2d.device)
+    mark[ids.to(t2d.device)] = True
+    if not torch.equal(mark, t2d):
+        raise ValueError("t2d and d2t disagree on which target tokens are draftable; the maps are corrupt.")
 
 
 class DSparkDrafter(PreTrainedModel):
@@ -231,6 +257,11 @@ class DSparkDrafter(PreTrainedModel):
         else:
             self.embed_tokens = nn.Embedding(config.vocab_size, h)
             self.lm_head = nn.Linear(h, config.vocab_size, bias=False)
+        if config.reduced_vocab:  # speculators' layout: own head over D rows, maps between the vocabularies
+            d = config.draft_vocab_size
+            self.lm_head = nn.Linear(h, d, bias=False)
+            self.register_buffer("d2t", torch.zeros(d, dtype=torch.long))  # target id = draft id + d2t[draft id]
+            self.register_buffer("t2d", torch.arange(config.vocab_size) < d)  # target id is draftable (default: ids < D)
         self.fc = nn.Linear(len(config.target_layer_ids) * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(config) for _ in range(config.num_hidden_layers))
@@ -259,6 +290,43 @@ class DSparkDrafter(PreTrainedModel):
         elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
 
+    # ------------------------------------------------------------------ draft vocabulary
+    @property
+    def draft_vocab_size(self) -> int:
+        """D: how many tokens the drafter proposes (the target's vocabulary size unless reduced)."""
+        return self.config.draft_vocab_size or self.config.vocab_size
+
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """Choose the draft vocabulary: target_ids [D] distinct target ids (draft id i proposes target_ids[i])."""
+        ids = torch.as_tensor(target_ids, dtype=torch.long).flatten()
+        check_draft_maps(ids - torch.arange(ids.numel()), None, self.config.vocab_size, self.draft_vocab_size)
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    def draft_target_ids(self) -> torch.Tensor | None:
+        """[D] the target id of each draft id (None for a full-vocabulary drafter)."""
+        if not self.config.reduced_vocab:
+            return None
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+
+    def target_to_draft(self) -> torch.Tensor | None:
+        """[V] the draft id of each target id, -1 where the drafter cannot propose it (None when not reduced)."""
+        if not self.config.reduced_vocab:
+            return None
+        ids = self.draft_target_ids()
+        out = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
+        out[ids] = torch.arange(ids.numel(), device=ids.device)
+        return out
+
+    def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [..., D] -> target-vocabulary logits [..., V], -inf where the drafter cannot propose
+        (so q = 0 there and verification's residual max(0, p - q) covers those tokens exactly)."""
+        if not self.config.reduced_vocab:
+            return logits
+        out = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return out.index_copy_(-1, self.draft_target_ids(), logits)
+
     # ------------------------------------------------------------------ target binding
     def bind(self, target: PreTrainedModel) -> "DSparkDrafter":
         """Tie the drafter to `target`: share its embeddings/lm_head if needed; check the dims match."""
@@ -280,6 +348,8 @@ class DSparkDrafter(PreTrainedModel):
         embed, head = target.get_input_embeddings(), target.get_output_embeddings()
         if head is None or getattr(head, "weight", None) is None or head.weight.shape[0] < cfg.vocab_size:
             raise ValueError(f"{type(target).__name__} has no usable lm_head; DSpark needs a causal-LM target.")
+        if cfg.reduced_vocab:
+            check_draft_maps(self.d2t, self.t2d, cfg.vocab_size, cfg.draft_vocab_size)
         self._shared = (embed, head)
         self._target = weakref.ref(target)
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):  # pipelines compare these with the target's
@@ -358,9 +428,10 @@ class DSparkDrafter(PreTrainedModel):
         return self.norm(x)
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H] -> U_k [..., V] through the (shared, frozen) lm_head."""
+        """hidden [..., H] -> U_k [..., D] through the lm_head (the target's shared one, or the drafter's own over the
+        draft vocabulary; map with `to_target_vocab`)."""
         head = self.output_head()
-        return head(hidden.to(head.weight.dtype))[..., : self.config.vocab_size]
+        return head(hidden.to(head.weight.dtype))[..., : self.draft_vocab_size]
 
     def markov_latent(
         self, prev_ids: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None = None
@@ -371,7 +442,7 @@ class DSparkDrafter(PreTrainedModel):
         return self.markov_head.latent(prev_ids, hidden, state)
 
     def markov_bias(self, latent: torch.Tensor) -> torch.Tensor:
-        """latent [..., r] -> logit bias [..., V]."""
+        """latent [..., r] -> logit bias [..., D]."""
         return self.markov_head.bias(latent)
 
     def confidence_logit(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:

@@ -160,9 +160,9 @@ def test_speculators_without_sample_from_anchor_is_refused(tmp_path):
         DSparkDrafter.from_pretrained(tmp_path)
 
 
-def test_speculators_reduced_draft_vocab_is_refused(tmp_path):
+def test_speculators_reduced_draft_vocab_without_maps_is_refused(tmp_path):
     write_speculators(tmp_path, draft_vocab=128)
-    with pytest.raises(ValueError, match="reduced vocabulary \\(128 of 256 tokens, d2t/t2d"):
+    with pytest.raises(ValueError, match="reduced vocabulary \\(128 of 256 tokens\\) but its weights lack the d2t/t2d"):
         DSparkDrafter.from_pretrained(tmp_path)
 
 
