@@ -92,6 +92,7 @@ def write_speculators(folder, head_type="gated", layers=2, draft_vocab=V, **extr
     weights = random_weights(spec_shapes(layers, R, head_type, True, True))
     if draft_vocab != V:
         weights["lm_head.weight"] = weights["lm_head.weight"][:draft_vocab]
+        weights["markov_head.markov_w2.weight"] = weights["markov_head.markov_w2.weight"][:draft_vocab]  # W2 over D
         weights["d2t"] = torch.zeros(draft_vocab, dtype=torch.long)
         weights["t2d"] = torch.arange(V) < draft_vocab
     write_checkpoint(folder, config, weights)
@@ -160,8 +161,17 @@ def test_speculators_without_sample_from_anchor_is_refused(tmp_path):
         DSparkDrafter.from_pretrained(tmp_path)
 
 
+def test_speculators_reduced_draft_vocab_loads_with_its_maps(tmp_path):
+    weights = write_speculators(tmp_path, draft_vocab=128)
+    model = DSparkDrafter.from_pretrained(tmp_path)
+    assert model.config.draft_vocab_size == 128 and model.lm_head.weight.shape[0] == 128
+    assert torch.equal(model.draft_target_ids(), torch.arange(128))
+    assert_same_parameters(model, weights)
+
+
 def test_speculators_reduced_draft_vocab_without_maps_is_refused(tmp_path):
-    write_speculators(tmp_path, draft_vocab=128)
+    weights = write_speculators(tmp_path, draft_vocab=128)
+    save_file({k: v for k, v in weights.items() if k not in ("d2t", "t2d")}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="reduced vocabulary \\(128 of 256 tokens\\) but its weights lack the d2t/t2d"):
         DSparkDrafter.from_pretrained(tmp_path)
 
