@@ -182,15 +182,19 @@ class MarkovHead(nn.Module):
     def bias(self, latent: torch.Tensor) -> torch.Tensor:  # [..., r] -> [..., D]
         return self.markov_w2(latent)
 
-    def block_bias(self, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced bias for whole blocks: prev_ids [..., B], hidden [..., B, H] -> [..., B, D]."""
+    def block_latent(self, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced latents for whole blocks: prev_ids [..., B], hidden [..., B, H] -> [..., B, r]."""
         if self.head_type != "rnn":
-            return self.bias(self.latent(prev_ids, hidden)[0])
+            return self.latent(prev_ids, hidden)[0]
         state, out = None, []
         for k in range(prev_ids.shape[-1]):
             latent, state = self.latent(prev_ids[..., k], hidden[..., k, :], state)
-            out.append(self.bias(latent))
+            out.append(latent)
         return torch.stack(out, dim=-2)
+
+    def block_bias(self, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced bias for whole blocks: prev_ids [..., B], hidden [..., B, H] -> [..., B, D]."""
+        return self.bias(self.block_latent(prev_ids, hidden))
 
 
 class ConfidenceHead(nn.Module):

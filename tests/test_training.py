@@ -12,7 +12,7 @@ from _tiny_models import MASK_ID, tiny_drafter, tiny_target, tiny_tokenizer
 from hf_dspark.training import data as data_mod
 from hf_dspark.training.cli import add_subcommands
 from hf_dspark.training.data import DataError, GenerationSettings, TokenDataset, make_data, read_prompts
-from hf_dspark.training.losses import LossWeights, dspark_losses, expected_tau
+from hf_dspark.training.losses import LossWeights, dspark_losses, expected_tau, sparse_target
 from hf_dspark.training.packing import pack_blocks, pad_batch, sample_anchors
 from hf_dspark.training.trainer import TrainConfig, Trainer
 
@@ -33,33 +33,53 @@ def data_dir(tiny, tmp_path_factory):
 
 
 # ------------------------------------------------------------------------------------------------ losses
+def _slots(draft, target_logits, labels, valid, conf, weights, k=32):
+    """Run dspark_losses on the valid slots of [M, B, ...] tensors, as the trainer does."""
+    where = valid.nonzero(as_tuple=True)
+    target = sparse_target(target_logits[where], k) if target_logits is not None else None
+    return dspark_losses(draft[where], where[1], target, labels[where], None if conf is None else conf[where], weights, draft.shape[1])
+
+
 def test_losses_match_a_hand_computed_example():
     ln3 = math.log(3.0)
-    draft = torch.tensor([[[0.0, 0.0], [ln3, 0.0]]])  # p = [.5, .5], [.75, .25]
+    draft = torch.tensor([[[0.0, 0.0], [ln3, 0.0]]])  # q = [.5, .5], [.75, .25]
     target = torch.tensor([[[ln3, 0.0], [0.0, 0.0]]])  # p = [.75, .25], [.5, .5]
     labels = torch.tensor([[0, 1]])
     valid = torch.tensor([[True, True]])
     conf = torch.zeros(1, 2)  # sigmoid = .5
-    out = dspark_losses(draft, target, labels, valid, conf, LossWeights())
+    out = _slots(draft, target, labels, valid, conf, LossWeights(ce=0.1, l1=0.9, bce=1.0, kl=1.0))
     w1 = math.exp(-1 / 4)
     ce = (math.log(2) + w1 * math.log(4)) / (1 + w1)  # -ln .5 at slot 0, -ln .25 at slot 1
     l1 = 0.5  # |.5-.75| + |.5-.25| at both slots
     bce = math.log(2)  # soft label 1 - TV = .75 at both slots, prediction .5: -(.75 ln .5 + .25 ln .5)
+    kl0 = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)
+    kl1 = 0.5 * math.log(0.5 / 0.75) + 0.5 * math.log(0.5 / 0.25)
+    kl = (kl0 + w1 * kl1) / (1 + w1)
     assert out["ce"].item() == pytest.approx(ce, abs=1e-6)
     assert out["l1"].item() == pytest.approx(l1, abs=1e-6)
     assert out["bce"].item() == pytest.approx(bce, abs=1e-6)
-    assert out["loss"].item() == pytest.approx(0.1 * ce + 0.9 * l1 + 1.0 * bce, abs=1e-6)
+    assert out["kl"].item() == pytest.approx(kl, abs=1e-6)
+    assert out["loss"].item() == pytest.approx(0.1 * ce + 0.9 * l1 + 1.0 * bce + kl, abs=1e-6)
     assert out["soft_accept"].item() == pytest.approx(0.75)
-    # an invalid slot changes nothing; the DFlash twin is CE only
-    valid2 = torch.tensor([[True, False]])
-    out2 = dspark_losses(draft, target, labels, valid2, conf, LossWeights.dflash())
+    # an invalid slot changes nothing; the DFlash twin is CE only; an undraftable label (-1) is left out of CE
+    out2 = _slots(draft, target, labels, torch.tensor([[True, False]]), conf, LossWeights.dflash())
     assert out2["loss"].item() == pytest.approx(math.log(2), abs=1e-6)
+    out3 = _slots(draft, target, torch.tensor([[0, -1]]), valid, conf, LossWeights.dflash())
+    assert out3["loss"].item() == pytest.approx(math.log(2), abs=1e-6)
+
+
+def test_sparse_target_keeps_the_top_k_and_l1_counts_the_draft_mass_outside_it():
+    target = torch.tensor([[[5.0, 4.0, -30.0, -30.0]]])  # mass outside the top 2 is ~1e-15
+    draft = torch.tensor([[[0.0, 0.0, 0.0, 0.0]]])  # q uniform: 0.5 of its mass outside the target's top 2
+    out = _slots(draft, target, torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.bool), None, LossWeights(l1=1.0, kl=0.0, bce=0.0), k=2)
+    p = torch.softmax(torch.tensor([5.0, 4.0]), 0)
+    assert out["l1"].item() == pytest.approx(float((0.25 - p).abs().sum() + 0.5), abs=1e-6)
 
 
 def test_soft_label_is_detached_and_expected_tau_counts_prefixes():
     draft = torch.randn(3, 4, 10, requires_grad=True)
     conf = torch.zeros(3, 4, requires_grad=True)
-    out = dspark_losses(draft, torch.randn(3, 4, 10), torch.zeros(3, 4, dtype=torch.long), torch.ones(3, 4, dtype=torch.bool), conf, LossWeights(0, 0, 1))
+    out = _slots(draft, torch.randn(3, 4, 10), torch.zeros(3, 4, dtype=torch.long), torch.ones(3, 4, dtype=torch.bool), conf, LossWeights(0, 0, 1, kl=0.0))
     out["loss"].backward()
     assert draft.grad is None or draft.grad.abs().sum() == 0  # BCE reaches only the confidence logit
     match = torch.tensor([[1, 1, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
@@ -321,3 +341,66 @@ def test_multi_process_ranks_take_disjoint_sequences_and_only_rank_0_writes(tiny
         tr.train_step()
         tr.save_checkpoint()
     assert (tmp_path / "r0" / "checkpoint").is_dir() and not (tmp_path / "r1").exists()
+
+
+# ------------------------------------------------------------------------------------------------ recipe for small budgets
+def test_bf16_target_trains_fp32_master_weights_and_every_tensor_moves(tiny, data_dir, tmp_path):
+    """With a bf16 target (the CLI default) the drafter keeps fp32 weights: AdamW updates below bf16 resolution used
+    to vanish (no RMSNorm weight ever changed)."""
+    from hf_dspark.training.trainer import build_drafter
+
+    model, tok = tiny
+    target = copy.deepcopy(model).to(torch.bfloat16)
+    drafter = build_drafter(target, tok, markov_rank=16, target_layer_ids=[1, 3])
+    assert all(p.dtype == torch.float32 for p in drafter.parameters())
+    before = {n: p.detach().clone() for n, p in drafter.named_parameters() if p.requires_grad}
+    cfg = TrainConfig(str(data_dir), str(tmp_path / "o"), max_steps=4, num_anchors=6, lr=1e-3, warmup_ratio=0.0, eval_every=0,
+                      eval_sequences=0, bf16_autocast=True)
+    tr = Trainer(drafter, target, TokenDataset(data_dir, target, tok), cfg, pad_id=0, log=lambda *_: None)
+    for _ in range(4):
+        tr.train_step()
+    unchanged = [n for n, p in drafter.named_parameters() if p.requires_grad and torch.equal(p.detach(), before[n])]
+    assert unchanged == []
+
+
+def test_reduced_vocab_drafter_trains_saves_and_reloads_its_maps(tiny, data_dir, tmp_path):
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.training.trainer import build_drafter, choose_draft_vocab
+
+    model, tok = tiny
+    ds = TokenDataset(data_dir, model, tok)
+    ids, coverage = choose_draft_vocab(ds, 20, model.config.vocab_size, always=[1])
+    assert ids.numel() == 20 and 1 in ids.tolist() and 0.0 < coverage <= 1.0
+    drafter = build_drafter(model, tok, draft_token_ids=ids, markov_rank=16, target_layer_ids=[1, 3])
+    assert drafter.lm_head.weight.shape == (20, 64) and drafter.markov_head.markov_w2.weight.shape == (20, 16)
+    assert torch.equal(drafter.lm_head.weight, model.lm_head.weight[ids])  # draft head rows start as the target's
+    cfg = TrainConfig(str(data_dir), str(tmp_path / "o"), max_steps=6, num_anchors=6, lr=3e-3, warmup_ratio=0.0, eval_every=0, eval_sequences=0)
+    tr = Trainer(drafter, model, ds, cfg, pad_id=0, log=lambda *_: None)
+    first = tr.train_step()["loss"]
+    for _ in range(5):
+        last = tr.train_step()["loss"]
+    assert last < first
+    drafter.save_pretrained(str(tmp_path / "saved"))
+    back = DSparkDrafter.from_pretrained(str(tmp_path / "saved"), target=model)
+    assert back.config.draft_vocab_size == 20 and torch.equal(back.draft_target_ids(), ids)
+
+
+def test_conversations_as_written_mask_exactly_the_assistant_turns(tiny, tmp_path):
+    from hf_dspark.training.data import conversation_sequence, make_data_as_written, read_conversations
+
+    model, tok = tiny
+    convs = [
+        {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}, {"from": "human", "value": "ok?"},
+                           {"from": "gpt", "value": "sure"}]},
+        {"conversations": [{"from": "gpt", "value": "starts with the model"}]},  # dropped: does not open with the user
+    ]
+    path = tmp_path / "convs.json"
+    path.write_text(json.dumps(convs)[:-1] + ", {\"conversations\": [")  # a truncated file, as the wheel's
+    read = read_conversations(path)
+    assert len(read) == 1 and [m["role"] for m in read[0]] == ["user", "assistant", "user", "assistant"]
+    ids, mask = conversation_sequence(tok, read[0], max_tokens=1000)
+    assert tok.decode([i for i, m in zip(ids, mask) if m]).replace(" ", "") == "yo<|end|>sure<|end|>"
+    assert ids == list(tok.apply_chat_template(read[0], tokenize=True, return_dict=True)["input_ids"])
+    manifest = make_data_as_written(model, tok, read * 3, tmp_path / "aw", max_tokens=12, sequences_per_shard=2, log=lambda *_: None)
+    ds = TokenDataset(tmp_path / "aw", model, tok)
+    assert len(manifest["shards"]) == 2 and len(ds) == 3 and all(len(ds[i][0]) == 12 for i in range(3))

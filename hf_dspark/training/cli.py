@@ -28,6 +28,8 @@ def _load(args):
 def _make_data(args) -> int:
     from .data import GenerationSettings, cache_hidden_states, decontaminate, make_data, read_prompts
 
+    if args.as_written:
+        return _make_data_as_written(args)
     prompts = read_prompts(args.prompts, fmt=args.format, field=args.field)
     if not args.no_decontaminate:
         prompts, dropped = decontaminate(prompts)
@@ -57,6 +59,25 @@ def _make_data(args) -> int:
     return 0
 
 
+def _make_data_as_written(args) -> int:
+    from .data import decontaminate, make_data_as_written, read_conversations
+
+    conversations = read_conversations(args.prompts)
+    if not args.no_decontaminate:
+        first = [c[0]["content"] for c in conversations]
+        kept = set(decontaminate(first)[0])
+        dropped = len(conversations)
+        conversations = [c for c in conversations if c[0]["content"] in kept]
+        print(f"[make-data] {len(conversations)} conversations ({dropped - len(conversations)} dropped as GSM8K/HumanEval/MT-Bench-like)")
+    if args.max_prompts:
+        conversations = conversations[: args.max_prompts]
+    model, tok = _load(args)
+    manifest = make_data_as_written(model, tok, conversations, args.out, max_tokens=args.max_tokens, seed=args.seed)
+    print(f"[make-data] {args.out}: {sum(s['num_sequences'] for s in manifest['shards'])} sequences, "
+          f"{sum(s['num_response_tokens'] for s in manifest['shards'])} response tokens")
+    return 0
+
+
 def _add_make_data(sub) -> None:
     p = sub.add_parser(
         "make-data",
@@ -82,6 +103,10 @@ def _add_make_data(sub) -> None:
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--no-decontaminate", action="store_true", help="keep prompts that look like the eval sets")
     p.add_argument("--cache-hidden", action="store_true", help="also cache bf16 taps + final hidden states (prints size)")
+    p.add_argument("--as-written", action="store_true",
+                   help="take the conversations as written (ShareGPT-style file; no generation): the training labels "
+                   "come from the target's forward over the text (EAGLE-1's recipe). Millions of tokens in minutes.")
+    p.add_argument("--max-tokens", type=int, default=512, help="--as-written: cut each conversation at this many tokens")
     p.set_defaults(func=_make_data)
 
 
@@ -90,7 +115,9 @@ def _train(args) -> int:
     from ..modeling import DSparkDrafter
     from .data import TokenDataset
     from .losses import LossWeights
-    from .trainer import TrainConfig, Trainer, build_drafter, plot_learning_curve
+    import torch
+
+    from .trainer import TrainConfig, Trainer, bf16_is_native, build_drafter, choose_draft_vocab, plot_learning_curve
 
     model, tok = _load(args)
     accelerator = None
@@ -100,16 +127,30 @@ def _train(args) -> int:
         accelerator = Accelerator()
         model.to(accelerator.device)
     data = TokenDataset(args.data, model, tok)
-    weights = LossWeights.dflash() if args.dflash else LossWeights(args.ce_weight, args.l1_weight, args.bce_weight, args.decay)
+    if args.paper_losses:
+        weights = LossWeights.dflash() if args.dflash else LossWeights.paper()
+    else:
+        weights = LossWeights(args.ce_weight, args.l1_weight, 0.0 if args.dflash else args.bce_weight, args.decay, args.kl_weight)
     if args.init:
-        drafter = DSparkDrafter.from_pretrained(args.init, target=model, dtype=model.dtype)
+        # fp32 master weights whatever the target's dtype (bf16 weights lose every AdamW update below their resolution)
+        drafter = DSparkDrafter.from_pretrained(args.init, target=model, dtype=torch.float32)
         if drafter.calibration is not None:  # training moves the confidence head: the old temperatures no longer fit
             drafter.calibration = None
             print("[train] dropping the --init drafter's calibration.json; run `hf-dspark calibrate` on the result")
     else:
+        draft_ids = None
+        if args.draft_vocab_size:
+            vocab = model.config.get_text_config().vocab_size
+            eos = model.generation_config.eos_token_id
+            always = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+            draft_ids, coverage = choose_draft_vocab(data, args.draft_vocab_size, vocab, always)
+            print(f"[train] draft vocabulary: the {draft_ids.numel()} most frequent response tokens of the data cover "
+                  f"{100 * coverage:.2f}% of its response tokens (of {vocab} target tokens)")
         drafter = build_drafter(
             model,
             tok,
+            draft_token_ids=draft_ids,
+            init_from_target=not args.random_init,
             num_hidden_layers=args.layers,
             block_size=args.block_size,
             markov_rank=0 if args.dflash else args.markov_rank,
@@ -123,12 +164,13 @@ def _train(args) -> int:
         batch_size=args.batch_size,
         warmup_ratio=args.warmup_ratio,
         grad_clip=args.grad_clip,
-        bf16_autocast=args.bf16_autocast,
+        bf16_autocast=bf16_is_native(model.device) if args.bf16_autocast == "auto" else args.bf16_autocast == "on",
         losses=weights,
     )
     n = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
-    print(f"[train] {len(data)} sequences ({data.num_tokens} tokens), drafter {n / 1e6:.1f}M trainable parameters, "
-          f"{'DFlash (CE only)' if args.dflash else 'DSpark'}")
+    print(f"[train] {len(data)} sequences ({data.num_tokens} tokens), drafter {n / 1e6:.1f}M trainable parameters "
+          f"(fp32 master weights, bf16 autocast {'on' if cfg.bf16_autocast else 'off'}), "
+          f"{'DFlash (no Markov head, no confidence head)' if args.dflash else 'DSpark'}, losses {weights}")
     drafter.to(model.device)
     trainer = Trainer(drafter, model, data, cfg, pad_id=tok.pad_token_id or 0, accelerator=accelerator)
     last = trainer.run(progress=not args.no_progress and trainer.rank == 0)
@@ -186,7 +228,8 @@ def _add_train(sub) -> None:
     p.add_argument("--out", required=True, help="run directory: checkpoint/, drafter/, history.json, learning_curve.png")
     _add_target(p)
     p.add_argument("--init", default=None, help="start from this drafter folder instead of a fresh drafter")
-    p.add_argument("--dflash", action="store_true", help="the DFlash twin: markov_rank 0, no confidence head, CE only")
+    p.add_argument("--dflash", action="store_true",
+                   help="the DFlash twin: markov_rank 0, no confidence head, the same distillation loss")
     p.add_argument("--layers", type=int, default=1, help="drafter decoder layers")
     p.add_argument("--block-size", type=int, default=7)
     p.add_argument("--markov-rank", type=int, default=64)
@@ -197,11 +240,20 @@ def _add_train(sub) -> None:
     p.add_argument("--batch-size", type=int, default=1, help="sequences per step")
     p.add_argument("--warmup-ratio", type=float, default=0.04)
     p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--ce-weight", type=float, default=0.1)
-    p.add_argument("--l1-weight", type=float, default=0.9)
-    p.add_argument("--bce-weight", type=float, default=1.0)
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="draft over the N most frequent response tokens of the data (speculators' reduced vocabulary; "
+                   "the coverage is printed); default: the target's full vocabulary")
+    p.add_argument("--random-init", action="store_true",
+                   help="random drafter layers (default: start from the target's last layers, fc = identity on the last tap)")
+    p.add_argument("--kl-weight", type=float, default=1.0, help="KL(target || draft) distillation loss")
+    p.add_argument("--ce-weight", type=float, default=0.0, help="cross-entropy on the data's next tokens")
+    p.add_argument("--l1-weight", type=float, default=0.0, help="L1 between the two distributions (the paper's 0.9)")
+    p.add_argument("--bce-weight", type=float, default=1.0, help="confidence head BCE against 1 - TV")
+    p.add_argument("--paper-losses", action="store_true", help="the paper's mix 0.1 CE + 0.9 L1 + 1.0 BCE (DFlash: CE only)")
     p.add_argument("--decay", type=float, default=4.0, help="position weights exp(-k/decay)")
-    p.add_argument("--bf16-autocast", action="store_true", help="bf16 autocast (only where bf16 GEMMs are fast)")
+    p.add_argument("--bf16-autocast", choices=["auto", "on", "off"], default="auto",
+                   help="bf16 autocast over fp32 master weights; auto = where the hardware multiplies bf16 natively "
+                   "(CUDA, CPUs with avx512_bf16 or AMX)")
     p.add_argument("--accelerate", action="store_true",
                    help="multi-GPU/multi-node: run under `accelerate launch -m hf_dspark.training.cli train --accelerate ...`")
     p.set_defaults(func=_train)

@@ -273,11 +273,13 @@ def generate_responses(
     return [by_index[i] for i in range(len(prompt_ids))]
 
 
-def _write_shard(path: Path, sequences: list[tuple[list[int], list[int]]]) -> int:
+def _write_shard(path: Path, sequences: list[tuple[list[int], list[int]]], response_masks: list[list[int]] | None = None) -> int:
+    """sequences: (prompt ids, response ids); response_masks: the loss mask over each response (default all 1; a
+    multi-turn conversation masks the user turns inside its 'response')."""
     ids, mask, offsets = [], [], [0]
-    for prompt, resp in sequences:
+    for i, (prompt, resp) in enumerate(sequences):
         ids.extend(prompt + resp)
-        mask.extend([0] * len(prompt) + [1] * len(resp))
+        mask.extend([0] * len(prompt) + (response_masks[i] if response_masks is not None else [1] * len(resp)))
         offsets.append(len(ids))
     tensors = {
         "input_ids": torch.tensor(ids, dtype=torch.int32),
@@ -369,6 +371,89 @@ def make_data(
             f"[make-data] {name}: prompts {start}-{stop} ({len(sequences)} seqs, {num_tokens} tokens); "
             f"{made / max(1e-9, time.time() - t0):.0f} generated tok/s"
         )
+    return manifest
+
+
+# ---------------------------------------------------------------------------------------------- conversations as written
+def read_conversations(path: str | Path) -> list[list[dict]]:
+    """ShareGPT-style conversations as [{"role": "user"|"assistant", "content": str}, ...] lists (a truncated file is
+    recovered object by object; a conversation stops at its first turn that is neither human nor model)."""
+    path = sharegpt_path() if str(path) == "sharegpt" else Path(path)
+    if not path.is_file():
+        raise DataError(f"Conversation file {path} does not exist; pass a ShareGPT-style JSON file.")
+    roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant"}
+    out = []
+    for conv in _iter_json_objects(path.read_text(encoding="utf-8", errors="replace")):
+        turns = conv.get("conversations") or conv.get("messages") if isinstance(conv, dict) else None
+        messages = []
+        for turn in turns if isinstance(turns, list) else []:
+            role = roles.get(turn.get("from", turn.get("role"))) if isinstance(turn, dict) else None
+            text = turn.get("value", turn.get("content")) if role else None
+            if not isinstance(text, str) or role == (messages[-1]["role"] if messages else "assistant"):
+                break  # turns must alternate, starting with the user
+            messages.append({"role": role, "content": text})
+        if len(messages) >= 2:
+            out.append(messages)
+    return out
+
+
+def conversation_sequence(tokenizer: PreTrainedTokenizerBase, messages: list[dict], max_tokens: int) -> tuple[list[int], list[int]]:
+    """Token ids of a conversation through the chat template (cut at max_tokens) and its loss mask (1 on the
+    assistant turns' tokens)."""
+    ids, mask = [], []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = _template_ids(tokenizer, messages[:i], add_generation_prompt=True)
+        full = _template_ids(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        if full[: len(prompt)] != prompt or (ids and prompt[: len(ids)] != ids):
+            break  # a template that rewrites earlier turns: keep what is consistent
+        mask += [0] * (len(prompt) - len(ids)) + [1] * (len(full) - len(prompt))
+        ids = full
+        if len(ids) >= max_tokens:
+            break
+    return ids[:max_tokens], mask[:max_tokens]
+
+
+def _template_ids(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+
+
+def make_data_as_written(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    conversations: list[list[dict]],
+    out_dir: str | Path,
+    max_tokens: int = 512,
+    sequences_per_shard: int = 2048,
+    seed: int = 0,
+    log=print,
+) -> dict:
+    """Conversations as written (the EAGLE-1 recipe): token ids and assistant-turn loss masks, no generation. The
+    training labels come from the target's own forward over the text, so the data needs no target outputs; the
+    written continuations only differ from the target's own in what the drafter's later block slots condition on."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    order = list(range(len(conversations)))
+    random.Random(seed).shuffle(order)
+    settings = {"as_written": True, "max_tokens": max_tokens, "seed": seed, "sequences_per_shard": sequences_per_shard}
+    manifest = {
+        "format_version": FORMAT_VERSION, "target_id": target_id(model), "tokenizer_hash": tokenizer_hash(tokenizer),
+        "settings": settings, "num_prompts_total": len(conversations), "next_prompt": 0, "skipped_long_prompts": 0,
+        "shards": [],
+    }
+    for start in range(0, len(order), sequences_per_shard):
+        chunk = [conversation_sequence(tokenizer, conversations[i], max_tokens) for i in order[start : start + sequences_per_shard]]
+        seqs = [(ids[: m.index(1)], ids[m.index(1) :]) for ids, m in chunk if 1 in m]
+        name = f"shard-{len(manifest['shards']):05d}.safetensors"
+        masks = [m[m.index(1) :] for _, m in chunk if 1 in m]
+        num_tokens = _write_shard(out / name, seqs, masks)
+        manifest["shards"].append({"file": name, "prompt_range": [start, start + len(chunk)], "num_sequences": len(seqs),
+                                   "num_tokens": num_tokens, "num_response_tokens": sum(map(sum, masks))})
+        manifest["next_prompt"] = start + len(chunk)
+        write_json_atomic(out / MANIFEST, manifest)
+        log(f"[make-data] {name}: {len(seqs)} conversations, {num_tokens} tokens")
     return manifest
 
 

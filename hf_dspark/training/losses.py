@@ -1,12 +1,18 @@
-"""DSpark training losses (SPEC section 4).
+"""DSpark training losses (SPEC section 4), over the draft vocabulary and a sparse target distribution.
+
+The target's distribution at each supervised position comes as its top-k (ids in the draft vocabulary, probabilities
+renormalised over those k): a small target is peaked, so k = 32 keeps nearly all of its mass, and no loss builds a
+[slots, V] temporary beyond the draft logits themselves (one log-sum-exp pass, one gather). q = softmax(draft logits).
 
 Per supervised slot k (0-based position in the block), with position weight w_k = exp(-k / decay):
-  CE   cross-entropy of the (Markov-corrected, teacher-forced) draft logits against the label token
-  L1   sum_v |softmax(draft) - softmax(target)|  (full L1 = 2 * total variation)
-  BCE  binary cross-entropy of the confidence logit against c*_k = sum_v min(p_draft, p_target) = 1 - TV
-       (detached soft label)
+  KL   KL(p_target || q) = sum_j p_j (log p_j - log q_j) over the target's top-k: the distillation loss, whose
+       gradient does not vanish while the draft puts little mass on the target's tokens (early in training)
+  CE   cross-entropy of the draft logits against the data's next token (labels the drafter cannot propose: -1, left out)
+  L1   sum_v |q_v - p_v| = sum_j |q_j - p_j| + (1 - sum_j q_j)  (p is 0 outside its top-k; full L1 = 2 * TV)
+  BCE  binary cross-entropy of the confidence logit against c*_k = sum_v min(q_v, p_v) = 1 - TV (detached soft label)
 Each term is a weighted mean over the valid slots: sum(w * l * valid) / sum(w * valid).
-DSpark: 0.1 * CE + 0.9 * L1 + 1.0 * BCE.  DFlash twin: CE only (`LossWeights(ce=1, l1=0, bce=0)`).
+The paper's DSpark recipe: 0.1 * CE + 0.9 * L1 + 1.0 * BCE (`LossWeights.paper()`); its DFlash baseline: CE only
+(`LossWeights.dflash()`). Our default for small budgets: 1.0 * KL + 1.0 * BCE (SPEC 4b, the model card).
 """
 
 from __future__ import annotations
@@ -20,14 +26,26 @@ import torch.nn.functional as F
 
 @dataclass
 class LossWeights:
-    ce: float = 0.1
-    l1: float = 0.9
+    ce: float = 0.0
+    l1: float = 0.0
     bce: float = 1.0
     decay: float = 4.0  # w_k = exp(-k / decay); 0 or inf = uniform
+    kl: float = 1.0
+
+    @classmethod
+    def paper(cls) -> "LossWeights":
+        """The DSpark paper's mix: 0.1 CE + 0.9 L1 + 1.0 BCE."""
+        return cls(ce=0.1, l1=0.9, bce=1.0, kl=0.0)
 
     @classmethod
     def dflash(cls) -> "LossWeights":
-        return cls(ce=1.0, l1=0.0, bce=0.0)
+        """The DFlash baseline of the paper: CE only."""
+        return cls(ce=1.0, l1=0.0, bce=0.0, kl=0.0)
+
+    @property
+    def needs_target(self) -> bool:
+        """Whether the losses read the target's distribution (KL, L1 or the BCE's soft label)."""
+        return bool(self.kl or self.l1 or self.bce)
 
 
 def position_weights(block_size: int, decay: float, device=None) -> torch.Tensor:
@@ -38,46 +56,53 @@ def position_weights(block_size: int, decay: float, device=None) -> torch.Tensor
     return torch.exp(-k / decay)
 
 
+def sparse_target(logits: torch.Tensor, k: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target logits [..., D] -> (top-k ids [..., k], their probabilities renormalised over the k [..., k])."""
+    top, ids = logits.float().topk(min(k, logits.shape[-1]), dim=-1)
+    return ids, torch.softmax(top, dim=-1)
+
+
 def dspark_losses(
-    draft_logits: torch.Tensor,  # [M, B, V] Markov-corrected teacher-forced draft logits
-    target_logits: torch.Tensor | None,  # [M, B, V] target logits for the same positions (None if l1 = bce = 0)
-    labels: torch.Tensor,  # [M, B] label ids x_{p+1..p+B}
-    valid: torch.Tensor,  # [M, B] bool, the supervised (contiguous valid) prefix of each block
-    conf_logits: torch.Tensor | None,  # [M, B] confidence logits (None without a confidence head)
+    draft_logits: torch.Tensor,  # [S, D] Markov-corrected teacher-forced draft logits of the valid slots
+    slot: torch.Tensor,  # [S] block position k of each slot
+    target: tuple[torch.Tensor, torch.Tensor] | None,  # (ids [S, k], probs [S, k]) from sparse_target; None if unneeded
+    labels: torch.Tensor,  # [S] the data's next token in the draft vocabulary (-1: not draftable)
+    conf_logits: torch.Tensor | None,  # [S] confidence logits (None without a confidence head)
     weights: LossWeights,
+    block_size: int,
 ) -> dict[str, torch.Tensor]:
-    """Returns {"loss", "ce", "l1", "bce", "soft_accept", "greedy_match"} (the last two detached statistics:
-    mean c*_k and the rate at which argmax(draft) == argmax(target) over valid slots)."""
-    b = draft_logits.shape[1]
-    w = position_weights(b, weights.decay, draft_logits.device)[None, :] * valid.float()  # [M, B]
+    """Returns {"loss", "ce", "l1", "kl", "bce", "soft_accept", "greedy_match", "match"}: the losses, then detached
+    statistics (mean c*_k, the rate at which the draft's argmax is the target's (or the label's), and that per slot)."""
+    w = position_weights(block_size, weights.decay, draft_logits.device)[slot]  # [S]
     denom = w.sum().clamp_min(1e-8)
-    logp = F.log_softmax(draft_logits.float(), dim=-1)  # [M, B, V]
-    ce = -(logp.gather(-1, labels[..., None].clamp_min(0)).squeeze(-1))  # [M, B]
-    out = {"ce": (ce * w).sum() / denom}
-    zero = draft_logits.new_zeros((), dtype=torch.float32)
-    out["l1"], out["bce"] = zero, zero
-    stats_soft, stats_match = zero, zero
-    if target_logits is not None:
-        p_draft = logp.exp()
-        p_target = F.softmax(target_logits.float(), dim=-1)
-        overlap = torch.minimum(p_draft, p_target).sum(-1)  # [M, B] = 1 - TV
+    lse = torch.logsumexp(draft_logits.float(), dim=-1)  # [S]
+    zero = lse.new_zeros(())
+    out = {"ce": zero, "l1": zero, "bce": zero, "kl": zero, "soft_accept": zero}
+    if weights.ce:
+        ce = lse - draft_logits.gather(-1, labels.clamp_min(0)[:, None]).squeeze(-1).float()
+        w_ce = w * (labels >= 0)
+        out["ce"] = (ce * w_ce).sum() / w_ce.sum().clamp_min(1e-8)
+    reference = labels
+    if target is not None:
+        ids, p = target
+        logq = draft_logits.gather(-1, ids).float() - lse[:, None]  # [S, k]
+        q = logq.exp()
+        if weights.kl:
+            kl = (p * (p.clamp_min(1e-30).log() - logq)).sum(-1)
+            out["kl"] = (kl * w).sum() / denom
         if weights.l1:
-            l1 = (p_draft - p_target).abs().sum(-1)
+            l1 = (q - p).abs().sum(-1) + (1.0 - q.sum(-1)).clamp_min(0.0)
             out["l1"] = (l1 * w).sum() / denom
-        soft = overlap.detach().clamp(0.0, 1.0)
+        soft = torch.minimum(q, p).sum(-1).detach().clamp(0.0, 1.0)  # [S] c*_k = 1 - TV
         if weights.bce and conf_logits is not None:
             bce = F.binary_cross_entropy_with_logits(conf_logits.float(), soft, reduction="none")
             out["bce"] = (bce * w).sum() / denom
-        with torch.no_grad():
-            n = valid.float().sum().clamp_min(1)
-            stats_soft = (soft * valid).sum() / n
-            stats_match = ((draft_logits.argmax(-1) == target_logits.argmax(-1)).float() * valid).sum() / n
-    else:
-        with torch.no_grad():
-            n = valid.float().sum().clamp_min(1)
-            stats_match = ((draft_logits.argmax(-1) == labels).float() * valid).sum() / n
-    out["loss"] = weights.ce * out["ce"] + weights.l1 * out["l1"] + weights.bce * out["bce"]
-    out["soft_accept"], out["greedy_match"] = stats_soft, stats_match
+        out["soft_accept"] = soft.mean() if soft.numel() else zero
+        reference = ids[:, 0]
+    out["loss"] = weights.ce * out["ce"] + weights.l1 * out["l1"] + weights.bce * out["bce"] + weights.kl * out["kl"]
+    with torch.no_grad():
+        out["match"] = draft_logits.argmax(-1) == reference  # [S]
+        out["greedy_match"] = out["match"].float().mean() if slot.numel() else zero
     return out
 
 

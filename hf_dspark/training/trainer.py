@@ -34,7 +34,7 @@ from ..configuration import DSparkConfig
 from ..io_utils import atomic_path, write_json_atomic
 from ..modeling import DSparkDrafter
 from .data import TokenDataset, target_hidden
-from .losses import LossWeights, dspark_losses, expected_tau
+from .losses import LossWeights, dspark_losses, expected_tau, sparse_target
 from .packing import PackedBlocks, pack_blocks, pad_batch, sample_anchors
 
 STATE_FILE = "trainer_state.pt"
@@ -69,22 +69,80 @@ def lr_lambda(step: int, total: int, warmup_ratio: float) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def bf16_is_native(device: torch.device) -> bool:
+    """Whether bf16 matrix products are fast here: CUDA, or a CPU with avx512_bf16 / AMX (elsewhere they are emulated
+    and slower than fp32)."""
+    if device.type == "cuda":
+        return True
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def freeze_target(target: PreTrainedModel) -> None:
     target.eval()
     for p in target.parameters():
         p.requires_grad_(False)
 
 
-def build_drafter(target: PreTrainedModel, tokenizer, **config_kwargs) -> DSparkDrafter:
-    """A fresh drafter for `target` (config from `DSparkConfig.from_target`), bound and in the target's dtype."""
+def build_drafter(
+    target: PreTrainedModel, tokenizer, draft_token_ids: torch.Tensor | None = None, init_from_target: bool = True, **config_kwargs
+) -> DSparkDrafter:
+    """A fresh drafter for `target` (config from `DSparkConfig.from_target`), bound, with fp32 master weights.
+
+    Args:
+        draft_token_ids: [D] target ids the drafter may propose (a reduced draft vocabulary, e.g. the D most frequent
+            response tokens of the training data; `choose_draft_vocab`); None = the full vocabulary.
+        init_from_target: start from the target's own weights where shapes allow: the drafter layers from the target's
+            last decoder layers, fc as the identity on the last tap, the final norm and the draft lm_head rows from the
+            target's. (From random layers the step-0 logits are far too peaked; from the target's they are not.)
+    """
+    if draft_token_ids is not None:
+        config_kwargs["draft_vocab_size"] = int(draft_token_ids.numel())
     cfg = DSparkConfig.from_target(target.config, tokenizer=tokenizer, **config_kwargs)
-    drafter = DSparkDrafter(cfg).to(target.dtype)
-    # start the final norm at the target's, so h_k -> lm_head logits have the target's scale from step 0
-    final_norm = getattr(target.get_decoder(), "norm", None)
-    if final_norm is not None and getattr(final_norm, "weight", None) is not None and final_norm.weight.shape == drafter.norm.weight.shape:
-        with torch.no_grad():
-            drafter.norm.weight.copy_(final_norm.weight)
+    drafter = DSparkDrafter(cfg).float()  # fp32 master weights whatever the target's dtype (autocast does the bf16 math)
+    if draft_token_ids is not None:
+        drafter.set_draft_vocab(draft_token_ids)
+    with torch.no_grad():
+        head = target.get_output_embeddings().weight
+        if drafter.lm_head is not None and cfg.reduced_vocab:
+            drafter.lm_head.weight.copy_(head[drafter.draft_target_ids()].float())
+        final_norm = getattr(target.get_decoder(), "norm", None)
+        if final_norm is not None and getattr(final_norm, "weight", None) is not None and final_norm.weight.shape == drafter.norm.weight.shape:
+            drafter.norm.weight.copy_(final_norm.weight.float())
+        if init_from_target:
+            init_from_target_layers(drafter, target)
     return drafter.bind(target)
+
+
+def init_from_target_layers(drafter: DSparkDrafter, target: PreTrainedModel) -> None:
+    """Copy the target's last decoder layers into the drafter's (matching names and shapes only) and make fc the
+    identity on the last tapped layer, so context features start as the target's own hidden states."""
+    layers = target.get_decoder().layers
+    n = len(drafter.layers)
+    for mine, theirs in zip(drafter.layers, list(layers)[-n:]):
+        source = dict(theirs.named_parameters())
+        for name, p in mine.named_parameters():
+            if name in source and source[name].shape == p.shape:
+                p.copy_(source[name].float())
+    h = drafter.config.hidden_size
+    drafter.fc.weight.zero_()
+    drafter.fc.weight[:, -h:].copy_(torch.eye(h))
+
+
+def choose_draft_vocab(dataset: TokenDataset, size: int, vocab_size: int, always: list[int] = ()) -> tuple[torch.Tensor, float]:
+    """The `size` most frequent response tokens of the data (plus `always`, e.g. EOS), sorted; returns (ids [D],
+    the fraction of response tokens they cover)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for i in range(len(dataset)):
+        ids, mask = dataset[i]
+        counts += torch.bincount(ids[mask], minlength=vocab_size)[:vocab_size]
+    boost = counts.clone()
+    boost[list(always)] = counts.max() + 1
+    ids = boost.topk(min(size, vocab_size)).indices.sort().values
+    return ids, float(counts[ids].sum()) / max(1, int(counts.sum()))
 
 
 def drafter_step_outputs(
@@ -95,40 +153,50 @@ def drafter_step_outputs(
     anchors: torch.Tensor,  # [N, A], -1 = padding
     weights: LossWeights,
     cached: tuple[torch.Tensor, torch.Tensor] | None = None,  # taps [N, T, m*H], final [N, T, H]
+    target_head: torch.Tensor | None = None,  # [D, H] the target's lm_head rows of the draft vocabulary
+    top_k: int = 32,
 ) -> tuple[dict[str, torch.Tensor], PackedBlocks, torch.Tensor]:
-    """The training forward: returns (loss dict, packed blocks, greedy match with the target [N*A, B] bool)."""
+    """The training forward: returns (loss dict, packed blocks, greedy match with the target [N*A, B] bool).
+
+    Only the supervised slots (the contiguous valid prefix of each block) go through the lm_head and the losses."""
     cfg = drafter.config
     if cached is None:
         taps, final = target_hidden(target, input_ids, drafter.tap_hidden_state_ids)
     else:
         taps, final = cached
     n, t = input_ids.shape
-    packed = pack_blocks(input_ids, loss_mask, anchors, cfg.block_size, cfg.mask_token_id)
+    a, b = anchors.shape[1], cfg.block_size
+    packed = pack_blocks(input_ids, loss_mask, anchors, b, cfg.mask_token_id)
     ctx_pos = torch.arange(t, device=input_ids.device).expand(n, t)
     ctx_kv = drafter.context_kv(drafter.context_features(taps), ctx_pos)
-    hidden = drafter.block_hidden(packed.block_ids, packed.positions, ctx_kv, packed.mask)  # [N, A*B, H]
-    a, b = anchors.shape[1], cfg.block_size
-    hidden = hidden.view(n, a, b, -1)
-    draft = drafter.base_logits(hidden).float()  # [N, A, B, V]
+    hidden = drafter.block_hidden(packed.block_ids, packed.positions, ctx_kv, packed.mask).view(n, a, b, -1)
+    where = packed.valid.nonzero(as_tuple=True)  # the S supervised slots
+    h = hidden[where]  # [S, H]
+    prev = packed.prev_ids[where]  # [S]
+    draft = drafter.base_logits(h)  # [S, D]
     if drafter.markov_head is not None:
-        draft = draft + drafter.markov_head.block_bias(packed.prev_ids, hidden).float()
-    conf = drafter.confidence_logit(hidden, packed.prev_ids)
-    target_logits = None
-    if weights.l1 or weights.bce:
-        with torch.no_grad():  # target logits once per distinct position (overlapping blocks share them)
-            lin = (torch.arange(n, device=final.device)[:, None, None] * t + packed.target_pos).view(-1)
+        draft = draft + drafter.markov_head.bias(drafter.markov_head.block_latent(packed.prev_ids, hidden)[where])
+    # the confidence head learns from its own loss only: its BCE target is ~0 early on and would pull the backbone's
+    # hidden states toward "reject" while the distillation loss pulls elsewhere
+    conf = drafter.confidence_logit(h.detach(), prev)
+    sparse = None
+    if weights.needs_target:
+        with torch.no_grad():  # the target's top-k once per distinct position (overlapping blocks share them)
+            lin = where[0] * t + packed.target_pos[where]  # [S]
             uniq, inverse = torch.unique(lin, return_inverse=True)
-            fin = final.reshape(n * t, -1)[uniq]
-            target_logits = drafter.base_logits(fin).float()[inverse].view(n, a, b, -1)
-    flat = lambda x: None if x is None else x.reshape(n * a, b, *x.shape[3:])  # noqa: E731
-    out = dspark_losses(
-        flat(draft), flat(target_logits), flat(packed.labels), flat(packed.valid), flat(conf), weights
-    )
-    # greedy agreement with the target (CE-only runs skip the target logits: the labels are the target's greedy
-    # tokens on greedy self-distilled data)
-    reference = flat(target_logits).argmax(-1) if target_logits is not None else flat(packed.labels)
-    match = (flat(draft).argmax(-1) == reference).detach()
-    return out, packed, match
+            if target_head is None:
+                target_head = target.get_output_embeddings().weight
+                target_head = target_head[drafter.draft_target_ids()] if cfg.reduced_vocab else target_head[: drafter.draft_vocab_size]
+            logits = final.reshape(n * t, -1)[uniq].to(target_head.dtype) @ target_head.T  # [U, D]
+            ids, probs = sparse_target(logits, top_k)
+            sparse = (ids[inverse], probs[inverse])
+    labels = packed.labels[where]
+    if cfg.reduced_vocab:
+        labels = drafter.target_to_draft()[labels]
+    out = dspark_losses(draft, where[2], sparse, labels, conf, weights, b)
+    match = torch.zeros(n, a, b, dtype=torch.bool, device=hidden.device)
+    match[where] = out.pop("match")
+    return out, packed, match.view(n * a, b)
 
 
 class Trainer:
@@ -171,6 +239,10 @@ class Trainer:
         self.history: list[dict] = []
         self.out = Path(config.out_dir)
         self.state_path = self.out / "checkpoint" / STATE_FILE
+        head = target.get_output_embeddings().weight.detach()
+        ids = drafter.draft_target_ids()
+        self.target_head = (head[ids] if ids is not None else head[: drafter.draft_vocab_size]).contiguous()  # [D, H]
+        self._eval_features: dict[int, tuple] = {}  # held-out sequence -> (taps, final), computed once
 
     # ---------------------------------------------------------------- data order
     def _order(self, epoch: int) -> list[int]:
@@ -212,7 +284,9 @@ class Trainer:
         idx, gen = self.next_batch()
         ids, lm, anc, cached = self.batch_tensors(idx, gen, self.cfg.num_anchors)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
-            out, packed, match = drafter_step_outputs(self.drafter, self.target, ids, lm, anc, self.cfg.losses, cached)
+            out, packed, match = drafter_step_outputs(
+                self.drafter, self.target, ids, lm, anc, self.cfg.losses, cached, self.target_head
+            )
         self.optimizer.zero_grad(set_to_none=True)
         out["loss"].backward()
         if self.world > 1:
@@ -231,6 +305,7 @@ class Trainer:
             "loss": float(out["loss"].detach()),
             "ce": float(out["ce"].detach()),
             "l1": float(out["l1"].detach()),
+            "kl": float(out["kl"].detach()),
             "bce": float(out["bce"].detach()),
             "accept": float(out["soft_accept"]),
             "match": float(out["greedy_match"]),
@@ -250,9 +325,15 @@ class Trainer:
         for i in self.eval_index:
             ids, m = self.data[i]
             anchors = sample_anchors(m, 1 << 30)
+            if i not in self._eval_features:  # the target's features of a held-out sequence never change
+                x = ids[None].to(self.device)
+                self._eval_features[i] = target_hidden(self.target, x, self.drafter.tap_hidden_state_ids)
             for chunk in anchors.split(256):
                 x, lm, _, anc = (z.to(self.device) for z in pad_batch([(ids, m)], [chunk], self.pad_id))
-                out, packed, match = drafter_step_outputs(self.drafter, self.target, x, lm, anc, self.cfg.losses)
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
+                    out, packed, match = drafter_step_outputs(
+                        self.drafter, self.target, x, lm, anc, self.cfg.losses, self._eval_features[i], self.target_head
+                    )
                 matches.append(match)
                 valids.append(packed.valid.reshape(match.shape))
                 soft.append(float(out["soft_accept"]))
