@@ -616,8 +616,8 @@ class AdaptiveVerification(VerifyPolicy):
       priced: if the expected time to finish the whole batch at that depth (`static_batch_seconds`, with
       `costs.seconds(1, B)` pricing the tail's one-request steps) exceeds plain decoding's, the depth becomes the
       one that finishes soonest, 0 included. (Taking that argmin always drafted shallower than the per-step rule
-      at synthetic batch 4 -- one replayed draw, `bench_results/s9/syn_bs4-16_b2f1ae3.json` -- and lost 2% there in
-      `scripts/simulate_static_batch.py`: it compares constant-depth policies.) The costs are
+      at synthetic batch 4 in an earlier sweep and lost 2% there in `scripts/simulate_static_batch.py`: it compares
+      constant-depth policies.) The costs are
       the loop's own measured step times (`StepCosts`, the step table as the prior), so drafting, verifying and
       bookkeeping are all priced. Depth 0 skips the drafter: a weak drafter or a loaded device costs a plain step.
       While skipping it drafts anyway (a probe at the best depth >= 1) after `probe_every` skipped steps,

@@ -1,8 +1,8 @@
 """Merge `hf-dspark bench --json` files into one JSON, a markdown table and the plots.
 
-    python scripts/merge_bench.py bench_results/load_bs1.json bench_results/load_bs4-64.json --out bench_results/load
+    python scripts/merge_bench.py outputs/sweep/real_bs1.json outputs/sweep/real_bs4-16.json --out outputs/sweep/real
 
-writes bench_results/load.json, bench_results/load.md and bench_results/load/*.png. Where both ran, the .md also
+writes outputs/sweep/real.json, outputs/sweep/real.md and outputs/sweep/real/*.png. Where both ran, the .md also
 gives the scheduler against the full block: the median of the paired per-call ratios dspark_adaptive / dspark with
 its [min-max], and the one-sided Wilcoxon p that the scheduler is slower than the full block.
 """
