@@ -404,3 +404,22 @@ def test_conversations_as_written_mask_exactly_the_assistant_turns(tiny, tmp_pat
     manifest = make_data_as_written(model, tok, read * 3, tmp_path / "aw", max_tokens=12, sequences_per_shard=2, log=lambda *_: None)
     ds = TokenDataset(tmp_path / "aw", model, tok)
     assert len(manifest["shards"]) == 2 and len(ds) == 3 and all(len(ds[i][0]) == 12 for i in range(3))
+
+
+def test_self_distillation_with_rows_leaving_matches_plain_generate(tiny):
+    from hf_dspark.training.data import generate_responses
+
+    model, tok = tiny
+    prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+               for p in ("hi", "a much longer prompt here", "mid size")]
+    settings = GenerationSettings(max_new_tokens=12, batch_size=3)
+    first = model.generate(torch.tensor([prompts[0]]), max_new_tokens=4, do_sample=False, pad_token_id=0)[0, -1].item()
+    model = copy.deepcopy(model)
+    model.generation_config.eos_token_id = first  # the first row ends after 4 tokens: it leaves the batch early
+    got = generate_responses(model, tok, prompts, settings)
+    assert len(got[0][1]) <= 4
+    for prompt, (p, resp) in zip(prompts, got):
+        ref = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=12,
+                             do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+        cut = next((i + 1 for i, t in enumerate(ref) if t == model.generation_config.eos_token_id), len(ref))
+        assert p == prompt and resp == ref[:cut]

@@ -244,33 +244,69 @@ def _chat_ids(tokenizer: PreTrainedTokenizerBase, prompt: str, system: str | Non
 def generate_responses(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[list[int]], settings: GenerationSettings
 ) -> list[tuple[list[int], list[int]]]:
-    """Batched generation; returns (prompt ids, response ids without padding; EOS kept) per prompt."""
+    """Batched generation; returns (prompt ids, response ids without padding; EOS kept) per prompt.
+
+    Batches hold prompts of similar lengths (sorted), and a row that finishes (EOS or max_new_tokens) leaves its batch
+    at once, cache included, so no step is spent on finished rows (plain `generate()` keeps them until the longest
+    row ends)."""
     eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos])
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids))
+    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids), 0)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))  # similar lengths per batch
     by_index: dict[int, tuple[list[int], list[int]]] = {}
     for start in range(0, len(order), settings.batch_size):
         idx = order[start : start + settings.batch_size]
-        width = max(len(prompt_ids[i]) for i in idx)
-        ids = torch.full((len(idx), width), pad, dtype=torch.long)
-        att = torch.zeros((len(idx), width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            p = prompt_ids[i]
-            ids[row, width - len(p) :] = torch.tensor(p)
-            att[row, width - len(p) :] = 1
-        kwargs = dict(max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample, pad_token_id=pad)
-        if settings.do_sample:
-            kwargs.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
-        out = model.generate(input_ids=ids, attention_mask=att, **kwargs)[:, width:]
-        for row, i in enumerate(idx):
-            resp = []
-            for t in out[row].tolist():
-                resp.append(t)
-                if t in eos_ids:
-                    break
+        for i, resp in zip(idx, _decode_batch(model, [prompt_ids[i] for i in idx], settings, eos_ids, pad)):
             by_index[i] = (prompt_ids[i], resp)
     return [by_index[i] for i in range(len(prompt_ids))]
+
+
+def _decode_batch(model, prompts: list[list[int]], settings: GenerationSettings, eos_ids: set, pad: int) -> list[list[int]]:
+    """Left-padded prefill, then one token per step for the rows still running; finished rows leave the cache."""
+    from transformers import DynamicCache
+    from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = LogitsProcessorList()
+    if settings.do_sample:
+        warpers.append(TemperatureLogitsWarper(settings.temperature))
+        if settings.top_k:
+            warpers.append(TopKLogitsWarper(settings.top_k))
+        if settings.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(settings.top_p))
+    n, width = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((n, width), pad, dtype=torch.long, device=model.device)
+    att = torch.zeros((n, width), dtype=torch.long, device=model.device)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :] = torch.tensor(p)
+        att[row, width - len(p) :] = 1
+    cache = DynamicCache(config=model.config)
+    pos = (att.cumsum(-1) - 1).clamp_min(0)  # [R, T] positions that skip the left padding
+    live = list(range(n))  # batch row -> prompt index
+    out: list[list[int]] = [[] for _ in range(n)]
+    step_ids, step_pos = ids, pos
+    for _ in range(settings.max_new_tokens):
+        logits = model(input_ids=step_ids, attention_mask=att, position_ids=step_pos, past_key_values=cache, use_cache=True).logits[:, -1].float()
+        if settings.do_sample:
+            nxt = torch.multinomial(torch.softmax(warpers(None, logits), -1), 1).squeeze(1)
+        else:
+            nxt = logits.argmax(-1)
+        keep = []
+        for row, token in enumerate(nxt.tolist()):
+            out[live[row]].append(token)
+            if token not in eos_ids and len(out[live[row]]) < settings.max_new_tokens:
+                keep.append(row)
+        if not keep:
+            break
+        step_pos = step_pos[:, -1:] + 1
+        att = torch.cat([att, att.new_ones((n, 1))], dim=1)
+        if len(keep) < len(live):
+            sel = torch.tensor(keep, device=model.device)
+            cache.batch_select_indices(sel)
+            att, step_pos, nxt = att[sel], step_pos[sel], nxt[sel]
+            live = [live[r] for r in keep]
+            n = len(live)
+        step_ids = nxt[:, None]
+    return out
 
 
 def _write_shard(path: Path, sequences: list[tuple[list[int], list[int]]], response_masks: list[list[int]] | None = None) -> int:
