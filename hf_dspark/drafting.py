@@ -56,15 +56,15 @@ def draft_block(
     conf = drafter.confidence_head
     conf_reads_w1 = conf is not None and conf.proj.in_features > cfg.hidden_size
     fused = processing.temperature_only and (head.head_type == "vanilla" if head is not None else not conf_reads_w1)
-    fused = fused and not cfg.reduced_vocab  # the fused sampler works in the target vocabulary
     if not fused:
         return _sequential(drafter, base, hidden, anchor, processing, prefix, markov)
 
-    # vanilla head (or none) and at most a temperature: the fused sampler (Triton on CUDA, torch elsewhere)
+    # vanilla head (or none) and at most a temperature: the fused sampler (Triton on CUDA, torch elsewhere), in the
+    # draft vocabulary (tokens come back as target ids, q over the D draft ids)
     temperature = 0.0
     if processing.do_sample:
         temperature = float(processing.processors[0].temperature) if processing.processors else 1.0
-    noise = torch.empty_like(base).exponential_() if temperature > 0 else None
+    noise = torch.empty_like(base).exponential_() if temperature > 0 else None  # [N, depth, D]
     tokens, q, conf_logits = markov_sample_block(
         base,
         hidden.float(),
@@ -75,7 +75,10 @@ def draft_block(
         conf.proj.bias.float() if conf is not None else None,
         temperature,
         noise,
+        draft_ids=drafter.draft_target_ids(),
     )
+    if q is not None and cfg.reduced_vocab:  # verification reads q over the target vocabulary: 0 outside the drafter's
+        q = q.new_zeros((*q.shape[:-1], cfg.vocab_size)).index_copy_(-1, drafter.draft_target_ids(), q)
     return Draft(tokens, q, conf_logits)
 
 

@@ -2,10 +2,14 @@
 
 For k = 0..B-1 (x_{-1} = the anchor):
     e_k  = W1[x_{k-1}]                          # [R, r]  the previous token's Markov embedding
-    l_k  = U_k + W2 e_k                         # [R, V]  parallel-drafter logits + Markov bias
-    x_k  = argmax l_k                           # greedy (temperature == 0)
-    q_k  = softmax(l_k / T); x_k = argmax q_k / E_k   # sampled, E_k ~ Exp(1) i.i.d. (exact sample)
+    l_k  = U_k + W2 e_k                         # [R, D]  parallel-drafter logits + Markov bias
+    d_k  = argmax l_k                           # greedy (temperature == 0)
+    q_k  = softmax(l_k / T); d_k = argmax q_k / E_k   # sampled, E_k ~ Exp(1) i.i.d. (exact sample)
+    x_k  = draft_ids[d_k]                       # the target token (x_k = d_k without a reduced vocabulary)
     z_k  = w . [h_k ; e_k] + b                  # confidence logit (w has H or H + r entries)
+A reduced draft vocabulary (speculators' `draft_vocab_size` D < V) works in draft space throughout: U_k, W2, q_k and
+the noise have D columns, `draft_ids` [D] maps a draft id to its target id, and W1 stays indexed by target ids
+(the anchor and earlier drafts are target tokens). Without `draft_ids`, D = V.
 W2 e_k is computed like ``nn.Linear`` in W2's dtype (fp32 accumulation, rounded to that dtype), then
 added to the fp32 logits. Without W1/W2 (markov_rank = 0) this is plain DFlash sampling and the
 confidence head sees h_k only. Every step needs the previous token, so the loop over k is sequential;
@@ -22,27 +26,30 @@ from .dispatch import (HAS_TRITON, check, check_token_range, debug_enabled, next
 
 
 def markov_sample_block(
-    base_logits: torch.Tensor,                # [R, B, V] drafter logits U_k
+    base_logits: torch.Tensor,                # [R, B, D] drafter logits U_k over the draft vocabulary
     hidden: torch.Tensor | None,              # [R, B, H] drafter hidden states h_k (for confidence)
-    anchor_ids: torch.Tensor,                 # [R] int64 last committed token per request
-    w1: torch.Tensor | None,                  # [V, r] Markov embedding, or None (no Markov head)
-    w2: torch.Tensor | None,                  # [V, r] Markov output projection, or None
+    anchor_ids: torch.Tensor,                 # [R] int64 last committed (target) token per request
+    w1: torch.Tensor | None,                  # [V, r] Markov embedding (by target id), or None (no Markov head)
+    w2: torch.Tensor | None,                  # [D, r] Markov output projection, or None
     conf_weight: torch.Tensor | None,         # [H + r] or [H] (any shape with that many entries), or None
     conf_bias: torch.Tensor | float | None,   # 0-d / [1]
     temperature: float,                       # 0 -> greedy
-    exp_noise: torch.Tensor | None,           # [R, B, V] i.i.d. Exp(1); None when greedy
+    exp_noise: torch.Tensor | None,           # [R, B, D] i.i.d. Exp(1); None when greedy
     *,
+    draft_ids: torch.Tensor | None = None,    # [D] int64 target id of each draft id; None: D = V, identity
     backend: str | None = None,
     debug: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Returns (tokens [R, B] int64, q [R, B, V] float32 or None when greedy,
+    """Returns (tokens [R, B] int64 target ids, q [R, B, D] float32 over the draft vocabulary or None when greedy,
     conf_logits [R, B] float32 or None without a confidence head)."""
     temperature = float(temperature)
     greedy = temperature == 0.0
-    _check_shapes(base_logits, hidden, anchor_ids, w1, w2, conf_weight, temperature, exp_noise)
-    R, B, V = base_logits.shape
+    _check_shapes(base_logits, hidden, anchor_ids, w1, w2, conf_weight, temperature, exp_noise, draft_ids)
+    R, B, V = base_logits.shape  # V: the columns sampled over (the draft vocabulary D when reduced)
     if debug_enabled(debug):
-        check_token_range(anchor_ids, V, "anchor_ids")
+        check_token_range(anchor_ids, w1.shape[0] if w1 is not None else V, "anchor_ids")
+        if draft_ids is not None and w1 is not None:
+            check_token_range(draft_ids, w1.shape[0], "draft_ids")
         if not greedy and exp_noise.numel():
             check(bool((exp_noise > 0).all()),
                   "exp_noise must be positive Exp(1) samples; draw them with torch.empty(...).exponential_().")
@@ -60,22 +67,28 @@ def markov_sample_block(
         hidden = None if hidden is None else hidden.reshape(R * B, 1, -1)
         exp_noise = None if exp_noise is None else exp_noise.reshape(R * B, 1, V)
         anchor_ids = torch.zeros(R * B, dtype=torch.long, device=device)
-    args = (base_logits, hidden, anchor_ids, w1, w2, conf_weight, conf_bias, temperature, exp_noise)
+    args = (base_logits, hidden, anchor_ids, w1, w2, conf_weight, conf_bias, temperature, exp_noise, draft_ids)
     use_triton = select_backend(backend, base_logits, hidden, anchor_ids, w1, w2, conf_weight,
-                                exp_noise) == "triton"
+                                exp_noise, draft_ids) == "triton"
     tokens, q, conf = _markov_sample_triton(*args) if use_triton else _markov_sample_torch(*args)
     return (tokens.reshape(R, B), None if q is None else q.reshape(R, B, V),
             None if conf is None else conf.reshape(R, B))
 
 
-def _check_shapes(base_logits, hidden, anchor_ids, w1, w2, conf_weight, temperature, exp_noise):
+def _check_shapes(base_logits, hidden, anchor_ids, w1, w2, conf_weight, temperature, exp_noise, draft_ids):
     check(base_logits.dim() == 3, "base_logits must be [R, B, V]; add a batch dimension for one request.")
     R, B, V = base_logits.shape
     check(anchor_ids.numel() == R, f"anchor_ids holds {anchor_ids.numel()} ids for {R} requests; pass one per request.")
     check((w1 is None) == (w2 is None), "pass both Markov weights w1 and w2, or neither (markov_rank = 0).")
+    if draft_ids is not None:
+        check(draft_ids.dim() == 1 and draft_ids.numel() == V and not draft_ids.is_floating_point(),
+              f"draft_ids must be an integer [D] tensor with D = {V} (the columns of base_logits); "
+              f"got {draft_ids.dtype} {tuple(draft_ids.shape)}.")
     if w1 is not None:
-        check(w1.dim() == 2 and w1.shape[0] == V and tuple(w2.shape) == tuple(w1.shape),
-              f"w1 and w2 must both be [V, r] with V = {V}; got {tuple(w1.shape)} and {tuple(w2.shape)}.")
+        rows = w1.shape[0] if draft_ids is not None else V
+        check(w1.dim() == 2 and w1.shape[0] == rows and w2.dim() == 2 and tuple(w2.shape) == (V, w1.shape[1]),
+              f"w1 must be [V, r] and w2 [D, r] with D = {V}" + ("" if draft_ids is not None else " = V")
+              + f"; got {tuple(w1.shape)} and {tuple(w2.shape)}.")
     check(temperature >= 0, f"temperature must be >= 0 (0 = greedy), got {temperature}.")
     if temperature > 0:
         check(exp_noise is not None and tuple(exp_noise.shape) == (R, B, V),
@@ -95,7 +108,8 @@ def _check_shapes(base_logits, hidden, anchor_ids, w1, w2, conf_weight, temperat
 # torch reference
 # --------------------------------------------------------------------------------------------
 
-def _markov_sample_torch(base_logits, hidden, anchor_ids, w1, w2, conf_weight, conf_bias, temperature, exp_noise):
+def _markov_sample_torch(base_logits, hidden, anchor_ids, w1, w2, conf_weight, conf_bias, temperature, exp_noise,
+                         draft_ids):
     R, B, V = base_logits.shape
     device = base_logits.device
     greedy = temperature == 0.0
@@ -121,6 +135,8 @@ def _markov_sample_torch(base_logits, hidden, anchor_ids, w1, w2, conf_weight, c
             probs = torch.softmax(logits / temperature, dim=-1)
             prev = (probs / exp_noise[:, k].float()).argmax(-1)
             q[:, k] = probs
+        if draft_ids is not None:
+            prev = draft_ids[prev].long()                                         # draft id -> target id
         tokens[:, k] = prev
     return tokens, q, conf
 
@@ -132,7 +148,7 @@ def _markov_sample_torch(base_logits, hidden, anchor_ids, w1, w2, conf_weight, c
 # --------------------------------------------------------------------------------------------
 
 def _markov_sample_triton(base_logits, hidden, anchor_ids, w1, w2, conf_weight, conf_bias, temperature,
-                          exp_noise):
+                          exp_noise, draft_ids):
     R, B, V = base_logits.shape
     device = base_logits.device
     on_gpu = device.type == "cuda"
@@ -145,10 +161,12 @@ def _markov_sample_triton(base_logits, hidden, anchor_ids, w1, w2, conf_weight, 
     if has_markov:
         w2 = w2.contiguous()
         w1 = w1.to(w2.dtype).contiguous()
-        rank = w1.shape[1]
+        w1_rows, rank = w1.shape
     else:
         w1 = w2 = placeholder
-        rank = 0
+        rank, w1_rows = 0, V
+    has_map = draft_ids is not None
+    id_map = draft_ids.long().contiguous() if has_map else placeholder.long()
     noise = placeholder if greedy else exp_noise.contiguous()
     if has_conf:
         hidden = hidden.contiguous()
@@ -179,13 +197,13 @@ def _markov_sample_triton(base_logits, hidden, anchor_ids, w1, w2, conf_weight, 
         prev, prev_stride = (anchors, 1) if k == 0 else (tokens[:, k - 1], B)
         _markov_logits_kernel[(n_vt, triton.cdiv(R, block_r))](
             base_logits, prev, w1, w2, noise, q, part_val, part_idx, part_max, part_sum,
-            R, B, V, rank, k, prev_stride, n_vt, temperature if not greedy else 1.0,
+            R, B, V, w1_rows, rank, k, prev_stride, n_vt, temperature if not greedy else 1.0,
             HAS_MARKOV=has_markov, GREEDY=greedy, NATIVE_DOT=native_dot,
             BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_K=min(64, max(16, next_pow2(rank))))
         _markov_pick_kernel[(triton.cdiv(R, pick_rows),)](
-            part_val, part_idx, part_max, part_sum, prev, w1, hidden, cw, bias, tokens, lse, conf,
-            R, B, V, k, n_vt, prev_stride, rank, H,
-            GREEDY=greedy, HAS_CONF=has_conf, MARKOV_CONF=markov_conf and has_markov,
+            part_val, part_idx, part_max, part_sum, prev, w1, hidden, cw, bias, id_map, tokens, lse, conf,
+            R, B, w1_rows, k, n_vt, prev_stride, rank, H,
+            GREEDY=greedy, HAS_CONF=has_conf, MARKOV_CONF=markov_conf and has_markov, HAS_MAP=has_map,
             ROWS=pick_rows, BLOCK_T=min(512, next_pow2(n_vt)), BLOCK_H=256,
             BLOCK_K=max(16, next_pow2(rank)))
     if not greedy:
@@ -201,16 +219,16 @@ if HAS_TRITON:
     @triton.jit
     def _markov_logits_kernel(
         base_ptr,       # [R, B, V] drafter logits
-        prev_ptr,       # [R] previous tokens (stride prev_stride)
-        w1_ptr,         # [V, rank]
-        w2_ptr,         # [V, rank]
+        prev_ptr,       # [R] previous (target) tokens (stride prev_stride)
+        w1_ptr,         # [VW, rank] (VW: target vocabulary)
+        w2_ptr,         # [V, rank] (V: the sampled columns, the draft vocabulary)
         noise_ptr,      # [R, B, V] (sampled)
         z_ptr,          # [R, B, V] out (sampled): logits / T, normalised later
         part_val_ptr,   # [R, n_vt] out: best score in the tile
         part_idx_ptr,   # [R, n_vt] out: its smallest index
         part_max_ptr,   # [R, n_vt] out (sampled): max of logits / T in the tile
         part_sum_ptr,   # [R, n_vt] out (sampled): sum exp(logits / T - tile max)
-        R, B, V, rank, k, prev_stride, n_vt, temperature,
+        R, B, V, VW, rank, k, prev_stride, n_vt, temperature,
         HAS_MARKOV: tl.constexpr,
         GREEDY: tl.constexpr,
         NATIVE_DOT: tl.constexpr,
@@ -228,7 +246,7 @@ if HAS_TRITON:
         logits = tl.load(base_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_MARKOV:
             prev = tl.load(prev_ptr + rows * prev_stride, mask=row_ok, other=0)
-            prev_ok = row_ok & (prev >= 0) & (prev < V)      # a bad anchor (caught in debug mode) reads nothing
+            prev_ok = row_ok & (prev >= 0) & (prev < VW)     # a bad anchor (caught in debug mode) reads nothing
             acc = tl.zeros([BLOCK_R, BLOCK_V], dtype=tl.float32)
             for k0 in range(0, rank, BLOCK_K):
                 ks = k0 + tl.arange(0, BLOCK_K)
@@ -264,18 +282,20 @@ if HAS_TRITON:
     @triton.jit
     def _markov_pick_kernel(
         part_val_ptr, part_idx_ptr, part_max_ptr, part_sum_ptr,   # [R, n_vt]
-        prev_ptr,       # [R] previous tokens (stride prev_stride)
-        w1_ptr,         # [V, rank]
+        prev_ptr,       # [R] previous (target) tokens (stride prev_stride)
+        w1_ptr,         # [VW, rank]
         hidden_ptr,     # [R, B, H]
         cw_ptr,         # [H (+ rank)] confidence weight, fp32
         bias_ptr,       # [1] confidence bias, fp32
-        tokens_ptr,     # [R, B] out
+        map_ptr,        # [V] target id of each draft id (read with HAS_MAP)
+        tokens_ptr,     # [R, B] out: target ids
         lse_ptr,        # [R, B] out (sampled): log-sum-exp of logits / T
         conf_ptr,       # [R, B] out: confidence logits
-        R, B, V, k, n_vt, prev_stride, rank, H,
+        R, B, VW, k, n_vt, prev_stride, rank, H,
         GREEDY: tl.constexpr,
         HAS_CONF: tl.constexpr,
         MARKOV_CONF: tl.constexpr,
+        HAS_MAP: tl.constexpr,
         ROWS: tl.constexpr,
         BLOCK_T: tl.constexpr,
         BLOCK_H: tl.constexpr,
@@ -298,9 +318,11 @@ if HAS_TRITON:
             if not GREEDY:
                 run_max = tl.maximum(run_max, tl.load(part_max_ptr + part, mask=mask, other=float("-inf")))
         best = tl.max(run_val, 1)
-        token = tl.min(tl.where(run_val == best[:, None], run_idx, 2147483647), 1)
+        token = tl.min(tl.where(run_val == best[:, None], run_idx, 2147483647), 1).to(tl.int64)
+        if HAS_MAP:     # draft id -> target id
+            token = tl.load(map_ptr + token, mask=row_ok, other=0)
         out = rows * B + k
-        tl.store(tokens_ptr + out, token.to(tl.int64), mask=row_ok)
+        tl.store(tokens_ptr + out, token, mask=row_ok)
         if not GREEDY:
             m = tl.max(run_max, 1)
             m = tl.where(row_ok, m, 0.0)
@@ -323,7 +345,7 @@ if HAS_TRITON:
                 acc += tl.sum(h * tl.load(cw_ptr + hs, mask=h_ok, other=0.0)[None, :], 1)
             if MARKOV_CONF:
                 prev = tl.load(prev_ptr + rows * prev_stride, mask=row_ok, other=0)
-                prev_ok = row_ok & (prev >= 0) & (prev < V)
+                prev_ok = row_ok & (prev >= 0) & (prev < VW)
                 ks = tl.arange(0, BLOCK_K)
                 k_ok = ks < rank
                 e = tl.load(w1_ptr + prev[:, None] * rank + ks[None, :], mask=prev_ok[:, None] & k_ok[None, :],

@@ -271,6 +271,60 @@ def test_markov_sample_block_reference_uses_previous_token():
     assert tokens.tolist() == [[1, 0, 0]] and q is None and conf is None
 
 
+def _reduced_vocab_inputs(R, B, V, D, H, rank, temperature, seed):
+    """A drafter over D of V tokens: logits, W2 and noise over the D draft ids, W1 over all V (target ids)."""
+    g = _gen(seed)
+    base, hidden, anchors, w1, w2, conf_w, conf_b, temperature, noise = _markov_inputs(
+        R, B, D, H, rank, temperature, "markov+conf", torch.float32, seed)
+    w1 = 0.5 * torch.randn(V, rank, generator=g, device=DEVICE)
+    anchors = torch.randint(0, V, (R,), generator=g, device=DEVICE)
+    draft_ids = torch.randperm(V, generator=g, device=DEVICE)[:D]  # any order: draft id i proposes draft_ids[i]
+    return (base, hidden, anchors, w1, w2, conf_w, conf_b, temperature, noise), draft_ids
+
+
+@needs_triton
+@pytest.mark.parametrize("R", [1, 5])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_markov_sample_block_reduced_vocab_triton_matches_reference(R, temperature):
+    inputs, draft_ids = _reduced_vocab_inputs(R, 4, 300, 120, 40, 32, temperature, seed=R)
+    ref = markov_sample_block(*inputs, draft_ids=draft_ids, backend="torch", debug=True)
+    out = markov_sample_block(*inputs, draft_ids=draft_ids, backend="triton", debug=True)
+    _assert_markov_close(out, ref, torch.float32)
+    assert bool(torch.isin(ref[0], draft_ids).all())  # target ids, all of them draftable
+    assert ref[1] is None or ref[1].shape == (R, 4, 120)  # q over the draft vocabulary
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_reduced_vocab_sampler_is_the_full_vocab_sampler_with_zero_mass_outside(temperature):
+    """Sampling over D draft ids then mapping them == sampling over V with -inf logits (q = 0) outside the draft ids."""
+    (base, hidden, anchors, w1, w2, conf_w, conf_b, t, noise), draft_ids = _reduced_vocab_inputs(
+        3, 4, 50, 20, 8, 4, temperature, seed=3)
+    tokens, q, conf = markov_sample_block(base, hidden, anchors, w1, w2, conf_w, conf_b, t, noise, draft_ids=draft_ids,
+                                          backend="torch")
+    full_base = base.new_full((3, 4, 50), float("-inf")).index_copy_(-1, draft_ids, base)
+    full_w2 = w2.new_zeros(50, 4).index_copy_(0, draft_ids, w2)
+    full_noise = None if noise is None else noise.new_ones(3, 4, 50).index_copy_(-1, draft_ids, noise)
+    ref_tokens, ref_q, ref_conf = markov_sample_block(full_base, hidden, anchors, w1, full_w2, conf_w, conf_b, t,
+                                                      full_noise, backend="torch")
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(conf, ref_conf)
+    if temperature:
+        torch.testing.assert_close(ref_q[..., draft_ids], q)
+        outside = torch.ones(50, dtype=torch.bool, device=DEVICE)
+        outside[draft_ids] = False
+        assert float(ref_q[..., outside].abs().max()) == 0.0
+
+
+def test_reduced_vocab_sampler_refuses_bad_maps():
+    inputs, draft_ids = _reduced_vocab_inputs(2, 3, 30, 10, 4, 2, 0.0, seed=0)
+    with pytest.raises(ValueError, match="draft_ids must be an integer \\[D\\] tensor with D = 10"):
+        markov_sample_block(*inputs, draft_ids=draft_ids[:9], backend="torch")
+    with pytest.raises(ValueError, match="draft_ids must be an integer"):
+        markov_sample_block(*inputs, draft_ids=draft_ids.float(), backend="torch")
+    with pytest.raises(ValueError, match="draft_ids holds ids"):
+        markov_sample_block(*inputs, draft_ids=draft_ids + 30, backend="torch", debug=True)
+
+
 # --------------------------------------------------------------------------------------------
 # layout helpers: Triton vs reference
 # --------------------------------------------------------------------------------------------
