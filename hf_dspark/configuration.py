@@ -12,6 +12,7 @@ from typing import Any
 from transformers import PreTrainedConfig
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 # Upper bounds that no real drafter reaches; a config beyond them is refused before any allocation.
 _MAX_VOCAB = 4_000_000
@@ -58,6 +59,13 @@ class DSparkConfig(PreTrainedConfig):
             the buffers `d2t` [D] (offsets: target id = draft id + d2t[draft id]) and `t2d` [V] (bool) map between the
             two vocabularies, exactly as speculators writes them. Verification stays exact: q = 0 outside the draft
             vocabulary.
+        layer_types: per drafter layer, "full_attention" (the block sees the whole context before the anchor and
+            attends bidirectionally inside itself) or "sliding_attention" (speculators' layout: the block sees only
+            the `sliding_window` context positions p-W..p-1 before its anchor at p, and attends causally inside
+            itself unless `sliding_window_non_causal`). None: every layer is full_attention.
+        sliding_window: W, the context window of sliding_attention layers (a positive integer; required by them).
+        sliding_window_non_causal: sliding_attention layers attend bidirectionally inside the block (speculators'
+            `sliding_window_non_causal`); full_attention layers always do.
     """
 
     model_type = "dspark"
@@ -86,6 +94,9 @@ class DSparkConfig(PreTrainedConfig):
     share_target_embeddings: bool = True
     target_model_id: str | None = None
     draft_vocab_size: int | None = None
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
+    sliding_window_non_causal: bool = False
     tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs: Any) -> None:
@@ -97,6 +108,8 @@ class DSparkConfig(PreTrainedConfig):
             self.rope_parameters = {"rope_type": "default", "rope_theta": float(kwargs.pop("rope_theta", 10000.0))}
         if self.target_layer_ids is not None:
             self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        if self.layer_types is not None:
+            self.layer_types = list(self.layer_types)
         self.check()
         super().__post_init__(**kwargs)
 
@@ -159,6 +172,39 @@ class DSparkConfig(PreTrainedConfig):
             )
         if self.target_layer_ids is not None:
             self.check_target_layer_ids(self.target_layer_ids, self.num_target_layers)
+        self.check_layer_types()
+
+    def check_layer_types(self) -> None:
+        """layer_types: one known type per layer; a sliding layer needs a positive sliding_window."""
+        types = self.layer_types
+        if types is not None:
+            if not isinstance(types, list) or len(types) != self.num_hidden_layers:
+                raise ValueError(
+                    f"DSparkConfig.layer_types={types!r} must list one type per drafter layer "
+                    f"(num_hidden_layers={self.num_hidden_layers})."
+                )
+            unknown = sorted({str(t) for t in types} - set(LAYER_TYPES))
+            if unknown:
+                raise ValueError(
+                    f"DSparkConfig.layer_types holds {', '.join(unknown)}, which hf_dspark does not implement; "
+                    f"use {' or '.join(LAYER_TYPES)}."
+                )
+        w = self.sliding_window
+        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w <= 0):
+            raise ValueError(f"DSparkConfig.sliding_window={w!r} must be a positive integer (the context window W).")
+        if types is not None and "sliding_attention" in types and w is None:
+            raise ValueError(
+                "DSparkConfig.layer_types has sliding_attention layers but sliding_window is not set; give the window."
+            )
+        if not isinstance(self.sliding_window_non_causal, bool):
+            raise ValueError(
+                f"DSparkConfig.sliding_window_non_causal={self.sliding_window_non_causal!r} must be true or false."
+            )
+
+    @property
+    def sliding_layers(self) -> list[bool]:
+        """Per drafter layer: True where it is a sliding_attention layer."""
+        return [t == "sliding_attention" for t in (self.layer_types or ["full_attention"] * self.num_hidden_layers)]
 
     @staticmethod
     def check_target_layer_ids(ids: list[int], num_target_layers: int | None) -> None:

@@ -208,6 +208,21 @@ class ConfidenceHead(nn.Module):
         return self.proj(features).squeeze(-1)
 
 
+def sliding_window_mask(mask: torch.Tensor, num_queries: int, window: int, non_causal: bool) -> torch.Tensor:
+    """A full-attention block mask [N, 1, Q, C + Q] (True = visible) -> the mask of a sliding_attention layer, with
+    speculators' semantics: each query keeps only the last `window` context keys it sees (its block's anchor at p
+    sees the context positions < p, so these are p-W..p-1), and block keys at later slots are hidden unless
+    `non_causal`. Blocks are runs of mutually visible queries, so the packed training layout (A blocks of B slots,
+    block-diagonal) works as the single drafting block does."""
+    c = mask.shape[-1] - num_queries
+    ctx, blk = mask[..., :c], mask[..., c:]
+    later = ctx.flip(-1).cumsum(-1, dtype=torch.int32).flip(-1)  # visible context keys at or after each column
+    ctx = ctx & (later <= window)
+    if not non_causal:
+        blk = blk & torch.ones(num_queries, num_queries, dtype=torch.bool, device=mask.device).tril()
+    return torch.cat([ctx, blk], dim=-1)
+
+
 def check_draft_maps(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int, draft_vocab_size: int) -> None:
     """Validate speculators-style vocabulary maps: d2t [D] integer offsets (target id = draft id + d2t[draft id]),
     t2d [V] bool marking the same target ids. Raises a ValueError naming the field."""
@@ -425,10 +440,15 @@ class DSparkDrafter(PreTrainedModel):
         x = inputs_embeds if inputs_embeds is not None else self.input_embeddings()(block_ids)
         x = x.to(self.fc.weight.dtype)
         cos, sin = self.rotary(positions, x.dtype)
+        cfg = self.config
+        sliding = cfg.sliding_layers
+        masks = {False: mask}
+        if any(sliding):
+            masks[True] = sliding_window_mask(mask, x.shape[1], cfg.sliding_window, cfg.sliding_window_non_causal)
         # a query that sees nothing (a padding block) attends everywhere instead of producing NaN; its output is unused
-        mask = mask | ~mask.any(dim=-1, keepdim=True)
-        for layer, (k, v) in zip(self.layers, ctx_kv):
-            x = layer(x, cos, sin, k, v, mask)
+        masks = {kind: m | ~m.any(dim=-1, keepdim=True) for kind, m in masks.items()}
+        for layer, (k, v), slides in zip(self.layers, ctx_kv, sliding):
+            x = layer(x, cos, sin, k, v, masks[slides])
         return self.norm(x)
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:

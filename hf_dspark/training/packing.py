@@ -5,6 +5,10 @@ All A blocks of a sequence form one query stream of A*B tokens. Attention mask (
 block a: context key j is visible iff j < p_a (and j is a real token); block keys are visible iff they belong to
 the same block (bidirectional inside the block); padding blocks (anchor -1) see nothing.
 Only the contiguous valid prefix of a block is supervised (labels inside the sequence and in the response).
+This mask is the full-attention one; the drafter's sliding_attention layers (`DSparkConfig.layer_types`) derive theirs
+from it in `DSparkDrafter.block_hidden` (`modeling.sliding_window_mask`): context keys p-W..p-1 only, causal inside the
+block unless `sliding_window_non_causal` -- speculators' training mask, checked against speculators' own forward in
+tests/test_speculators_fixtures.py.
 """
 
 from __future__ import annotations
