@@ -10,7 +10,8 @@ import torch
 from conftest import make_tiny_drafter, make_tiny_target
 from safetensors.torch import save_file
 
-from hf_dspark import DSparkDrafter
+from hf_dspark import DSparkConfig, DSparkDrafter
+from hf_dspark.checkpoints import export_deepspec
 
 V, H, HEADS, KV, HD, FFN, R = 256, 64, 4, 2, 16, 128, 8
 TAPS = [1, 3]
@@ -178,7 +179,7 @@ def test_speculators_reduced_draft_vocab_without_maps_is_refused(tmp_path):
 
 def test_speculators_other_algorithm_is_refused(tmp_path):
     write_speculators(tmp_path, speculators_model_type="eagle3")
-    with pytest.raises(ValueError, match="speculators_model_type='eagle3' is not a DSpark checkpoint"):
+    with pytest.raises(ValueError, match="speculators_model_type='eagle3' is not a DSpark/DFlash checkpoint"):
         DSparkDrafter.from_pretrained(tmp_path)
 
 
@@ -375,3 +376,71 @@ def test_weights_of_another_drafter_are_refused(tmp_path):
     (tmp_path / "rnn" / "model.safetensors").replace(tmp_path / "gated" / "model.safetensors")
     with pytest.raises(ValueError, match="missing 2 weights \\(markov_head.gate_proj.bias"):
         DSparkDrafter.from_pretrained(tmp_path / "gated", target=target)
+
+
+BAD_MAPS = {
+    "t2d missing": (lambda d2t, t2d: (d2t, None), "weights lack the d2t/t2d maps"),
+    "d2t wrong shape": (lambda d2t, t2d: (d2t[:-1], t2d), "d2t must be an integer tensor of shape \\[draft_vocab_size=128\\]"),
+    "d2t float": (lambda d2t, t2d: (d2t.float(), t2d), "d2t must be an integer tensor"),
+    "t2d not bool": (lambda d2t, t2d: (d2t, t2d.long()), "t2d must be a bool tensor of shape \\[vocab_size=256\\]"),
+    "t2d wrong shape": (lambda d2t, t2d: (d2t, t2d[:-1]), "t2d must be a bool tensor"),
+    "maps disagree": (lambda d2t, t2d: (d2t, torch.roll(t2d, 1)), "t2d and d2t disagree"),
+    "outside the vocabulary": (lambda d2t, t2d: (d2t + 200, t2d), "outside the target vocabulary"),
+    "duplicated ids": (lambda d2t, t2d: (torch.cat([d2t[:1], d2t[1:] - 1]), t2d), "two draft ids to the same target id"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MAPS))
+def test_bad_vocabulary_maps_are_refused_before_the_model_is_built(tmp_path, case, monkeypatch):
+    weights = write_speculators(tmp_path, draft_vocab=128)
+    change, message = BAD_MAPS[case]
+    d2t, t2d = change(weights["d2t"], weights["t2d"])
+    stored = {k: v for k, v in weights.items() if k not in ("d2t", "t2d")}
+    stored.update({k: v for k, v in (("d2t", d2t), ("t2d", t2d)) if v is not None})
+    save_file(stored, str(tmp_path / "model.safetensors"))
+    monkeypatch.setattr(DSparkDrafter, "__init__", lambda *a, **k: pytest.fail("the model was built"))
+    with pytest.raises(ValueError, match=message):
+        DSparkDrafter.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "layer_config, message",
+    [
+        (dict(layer_types=["sliding_attention", "chunked_attention"], use_sliding_window=True, sliding_window=8),
+         "layer_types holds chunked_attention, which hf_dspark does not implement"),
+        (dict(layer_types=["sliding_attention", "full_attention"], use_sliding_window=True, sliding_window=0),
+         "sliding_window=0 must be a positive integer"),
+        (dict(layer_types=["sliding_attention"], use_sliding_window=True, sliding_window=8),
+         "layer_types lists 1 layers but num_hidden_layers is 2"),
+        (dict(model_type="gemma3"), "transformer_layer_config.model_type='gemma3' is not implemented"),
+    ],
+    ids=["unknown-layer-type", "window-0", "layer-count", "layer-model"],
+)
+def test_speculators_layouts_we_do_not_implement_are_refused_by_name(tmp_path, layer_config, message):
+    write_speculators(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw["transformer_layer_config"].update(layer_config)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=message):
+        DSparkDrafter.from_pretrained(tmp_path)
+
+
+def test_speculators_sliding_layers_without_use_sliding_window_are_full_attention(tmp_path):
+    """Qwen3Config drops the window unless use_sliding_window: speculators' masks are then the full ones."""
+    write_speculators(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw["transformer_layer_config"].update(layer_types=["sliding_attention"] * 2, sliding_window=8)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    cfg = DSparkDrafter.from_pretrained(tmp_path).config
+    assert not any(cfg.sliding_layers) and cfg.sliding_window is None
+
+
+def test_deepspec_export_refuses_what_it_cannot_express(tmp_path):
+    target = make_tiny_target()
+    reduced = DSparkDrafter(DSparkConfig.from_target(target.config, mask_token_id=255, draft_vocab_size=100)).bind(target)
+    with pytest.raises(ValueError, match="export_deepspec cannot write a reduced-vocabulary drafter"):
+        export_deepspec(reduced, tmp_path)
+    sliding = DSparkDrafter(DSparkConfig.from_target(
+        target.config, mask_token_id=255, layer_types=["sliding_attention"], sliding_window=16)).bind(target)
+    with pytest.raises(ValueError, match="export_deepspec cannot write sliding_attention layers"):
+        export_deepspec(sliding, tmp_path)
