@@ -1,0 +1,85 @@
+"""Generation with a reduced-vocabulary drafter (speculators' draft_vocab_size D < V) stays exact: greedy output equals
+plain generate() token for token (batch 1 and ragged; fused sampler and the general path), and sampled output
+follows the target's joint distribution although the drafter gives zero mass to most of the vocabulary (the
+residual max(0, p - q) supplies those tokens)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from conftest import make_tiny_drafter, make_tiny_target
+from scipy.stats import chisquare
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
+
+from hf_dspark.testing import ragged_batch
+
+
+def reduced_drafter(target, draft_ids: torch.Tensor, seed: int = 0, **overrides):
+    drafter = make_tiny_drafter(target, seed=seed, draft_vocab_size=int(draft_ids.numel()), **overrides)
+    drafter.set_draft_vocab(draft_ids)
+    return drafter
+
+
+@pytest.mark.parametrize("path", ["fused", "general"])
+@pytest.mark.parametrize("batch", ["one", "ragged"])
+def test_greedy_identical_with_a_reduced_vocabulary(tiny_target, path, batch):
+    # the drafter proposes only 96 of the 256 tokens, most of them ones the target picks, so drafts get accepted
+    enc = ragged_batch(256)
+    if batch == "one":
+        enc = {k: v[:1, (enc["attention_mask"][0] == 0).sum():] for k, v in enc.items()}
+    ref = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    seen = torch.unique(ref).tolist()
+    rest = [i for i in range(255) if i not in seen]
+    draft_ids = torch.tensor((seen + rest)[:96])
+    kw = dict(markov_rank=16) if path == "fused" else dict(markov_rank=16, markov_head_type="gated")
+    drafter = reduced_drafter(tiny_target, draft_ids, **kw)
+    out = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None, assistant_model=drafter)
+    assert torch.equal(out, ref)
+    assert drafter.last_stats.drafted_steps > 0
+
+
+V_SMALL, N_TOKENS, SAMPLES = 6, 3, 6000
+
+
+def exact_joint(model, prompt, warpers) -> torch.Tensor:
+    seqs = torch.tensor(list(itertools.product(range(V_SMALL), repeat=N_TOKENS)))
+    full = torch.cat([prompt.expand(seqs.shape[0], -1), seqs], dim=1)
+    with torch.no_grad():
+        logits = model(full).logits[:, prompt.shape[1] - 1 : -1].float()
+    logp = torch.zeros(seqs.shape[0])
+    for k in range(N_TOKENS):
+        scores = logits[:, k]
+        for w in warpers:
+            scores = w(full, scores)
+        logp += torch.log_softmax(scores, -1).gather(1, seqs[:, k : k + 1]).squeeze(1)
+    return logp.exp()
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    big = expected >= 5
+    obs, exp = counts[big], expected[big]
+    if expected[~big].sum() > 0:
+        obs = torch.cat([obs, counts[~big].sum(0, keepdim=True)])
+        exp = torch.cat([exp, expected[~big].sum(0, keepdim=True)])
+    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+
+
+@pytest.mark.parametrize("path", ["fused", "general"])
+def test_sampling_with_a_reduced_vocabulary_matches_the_target_distribution(path):
+    target = make_tiny_target(seed=7, vocab_size=V_SMALL, eos_token_id=None, pad_token_id=0, bos_token_id=None)
+    drafter = reduced_drafter(target, torch.tensor([4, 0, 2]), seed=8, mask_token_id=V_SMALL - 1, markov_rank=4)
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    kw = dict(temperature=0.8) if path == "fused" else dict(temperature=0.8, top_k=4)
+    warpers = [TemperatureLogitsWarper(0.8)] + ([TopKLogitsWarper(4)] if path == "general" else [])
+    torch.manual_seed(1234)
+    ids = prompt.expand(SAMPLES, -1).contiguous()
+    out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_TOKENS, do_sample=True,
+                          assistant_model=drafter, **kw)
+    tokens = out[:, -N_TOKENS:]
+    counts = torch.bincount((tokens * torch.tensor([V_SMALL**2, V_SMALL, 1])).sum(1), minlength=V_SMALL**N_TOKENS).float()
+    assert chi_square_pvalue(counts, exact_joint(target, prompt, warpers)) > 1e-3
+    assert drafter.last_stats.accepted_tokens > 0  # drafts were accepted ...
+    assert bool(torch.isin(tokens, torch.tensor([1, 3])).any())  # ... and tokens the drafter cannot propose appear
