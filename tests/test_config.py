@@ -158,3 +158,29 @@ def test_mask_token_outside_vocabulary():
 def test_confidence_with_markov_needs_a_rank():
     with pytest.raises(ValueError, match="confidence_head_with_markov=True needs markov_rank > 0"):
         config(markov_rank=0, enable_confidence_head=True, confidence_head_with_markov=True)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(layer_types=["sliding_attention"], sliding_window=0), "sliding_window=0 must be a positive integer"),
+        (dict(layer_types=["sliding_attention"], sliding_window=-4), "sliding_window=-4 must be a positive integer"),
+        (dict(layer_types=["sliding_attention"]), "sliding_attention layers but sliding_window is not set"),
+        (dict(layer_types=["chunked_attention"], sliding_window=8), "layer_types holds chunked_attention"),
+        (dict(layer_types=["full_attention", "full_attention"]), "one type per drafter layer"),
+        (dict(sliding_window_non_causal="yes"), "sliding_window_non_causal='yes' must be true or false"),
+    ],
+)
+def test_bad_layer_layouts_are_refused_by_name(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        config(num_hidden_layers=1, **overrides)
+
+
+def test_layer_layout_round_trips_through_the_config():
+    cfg = config(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], sliding_window=16,
+               sliding_window_non_causal=True)
+    assert cfg.sliding_layers == [True, False]
+    again = DSparkConfig(**{k: v for k, v in cfg.to_dict().items() if k not in ("model_type", "transformers_version")})
+    assert (again.layer_types, again.sliding_window, again.sliding_window_non_causal) == (
+        ["sliding_attention", "full_attention"], 16, True)
+    assert config(num_hidden_layers=2).sliding_layers == [False, False]
