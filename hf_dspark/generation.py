@@ -1,13 +1,27 @@
 """The one DSpark decoding loop (batch 1 is batch N with N = 1) and its transformers entry points.
 
-Per step, for the R rows still running:
-  draft      one drafter pass -> B drafts per row (+ q, + confidence logits)
-  policy     how many drafts l_r each row verifies (all / threshold / scheduler)
-  verify     one target forward over [anchor, x_0..x_{l_r-1}] per row (ragged: padded + per-row masks)
-  accept     greedy match or rejection sampling (SPEC section 3) on the flat ragged layout
-  commit     emit a_r + 1 tokens, cut at EOS / stop strings / max_new_tokens, drop finished rows
-  roll back  the target cache and the drafter's context cache keep the anchor + accepted drafts; rejected
-             entries become masked holes, cropped when common to all rows, compacted when they pile up.
+Vocabulary (as in vLLM's rejection sampler): a row's *anchor* is its last committed token, whose K/V is not in the
+caches yet; the *drafts* x_0..x_{L-1} are the drafter's guesses for the tokens after it (L = the step's depth);
+row r *verifies* its first l_r drafts and *accepts* the first a_r the target agrees with; then the target's own
+token follows: the *recovered* token at the first rejection, the *bonus* token when all were accepted. The row
+commits a_r + 1 tokens and the last one is its next anchor. Rejected drafts leave *holes* in the caches: masked,
+cropped when common to all rows, compacted when they pile up.
+
+`generate` is a short driver over named steps. `_Call` holds what a call fixes (models, caches, policy, sampling,
+stopping), `_Rows` what changes (the running rows, their anchors and positions, the cache columns they attend to):
+
+    _prefill        the target over the prompts -> first token per row; its taps -> the drafter's context
+    _decode_step    per step, for the R rows still running:
+      _choose_depth   how many drafts to make (the policy: full block / threshold / scheduler; 0 = a plain step)
+      _draft          one drafter pass -> drafts, q, confidence logits
+      _verify         how many drafts each row verifies, then one target forward over [anchor, x_0..x_{l_r-1}]
+      _accept         greedy match or rejection sampling (SPEC section 3) on the flat ragged layout
+      _commit         commit a_r + 1 tokens (cut at EOS / stop strings / max_new_tokens), roll the caches back to
+                      [anchor + accepted drafts], drop finished rows, crop / compact holes
+    _finish         the padded sequences and the statistics
+
+Shapes: N prompts of P tokens, R running rows, B block size, W = 1 + max l_r verify positions per row, C cache
+columns, V vocabulary, T = R + sum l_r flat verify rows.
 
 Entry points: `target.generate(**enc, custom_generate=hf_dspark.generate, drafter=d)` (official, patch-free),
 `target.generate(**enc, assistant_model=d)` (routed here by `install_assistant_route`, which intercepts only
@@ -61,12 +75,29 @@ class DSparkStats:
     verified_per_step: list[float] = field(default_factory=list)  # mean drafts verified per request, per step
     rows_per_step: list[int] = field(default_factory=list)
     draft_time_s: float = 0.0
-    verify_time_s: float = 0.0  # prefill included
+    verify_time_s: float = 0.0  # target forwards (prefill included) and acceptance
     policy_time_s: float = 0.0  # in the verify policy (draft_depth, lengths, observe_step): the scheduler's overhead
     step_seconds: list[float] = field(default_factory=list)  # wall time of each decoding step (prefill excluded)
     conf_logits: list[torch.Tensor] = field(default_factory=list)  # per drafted step [R, B] (NaN past the depth)
     num_accepted: list[torch.Tensor] = field(default_factory=list)  # per step [R] accepted drafts
     num_verified: list[torch.Tensor] = field(default_factory=list)  # per step [R]
+
+    def record_step(self, depth: int, conf_logits, lengths, width: int, num_acc, accepted: list[int]) -> None:
+        """One decoding step of R rows: drafted `depth` slots (conf_logits [R, depth] or None), verified lengths [R]
+        (none when width == 1), accepted num_acc [R] (the same as the list `accepted`)."""
+        n = len(accepted)
+        self.steps += 1
+        self.rows_per_step.append(n)
+        verified = lengths.tolist() if width > 1 else [0] * n
+        self.verified_per_step.append(sum(verified) / n)
+        self.accepted_lengths.extend(a + 1 for a in accepted)
+        self.verified_lengths.extend(verified)
+        if conf_logits is not None:  # None on skipped steps and without a confidence head
+            undrafted = self.block_size - depth  # slots past the depth: NaN (never verified, so never labelled)
+            padded = torch.nn.functional.pad(conf_logits.detach().float().cpu(), (0, undrafted), value=float("nan"))
+            self.conf_logits.append(padded)
+            self.num_accepted.append(num_acc.cpu())
+            self.num_verified.append(lengths.cpu())
 
     @property
     def verified_tokens(self) -> int:
@@ -82,7 +113,8 @@ class DSparkStats:
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        """P(draft k accepted | drafts < k accepted and draft k verified), k = 0..B-1."""
+        """P(draft k accepted | drafts < k accepted and draft k verified), k = 0..B-1; NaN where no step verified a
+        draft at k (the scheduler verified fewer, or never drafted)."""
         out = []
         for k in range(self.block_size):
             tried = sum(1 for a, l in zip(self.accepted_lengths, self.verified_lengths) if a - 1 >= k and l > k)
@@ -195,6 +227,57 @@ def _check_inputs(model, cfg, gen, input_ids, num_speculative_tokens, cache) -> 
     return cache
 
 
+@dataclass
+class _Call:
+    """What one generate call fixes: the models and their caches, the verify policy, sampling and stopping."""
+
+    model: PreTrainedModel
+    drafter: DSparkDrafter
+    cache: DynamicCache  # the target's KV cache, per layer [R, heads, C, head_dim]
+    context: DraftContext  # the drafter's context K/V; its C columns mirror the target cache's
+    policy: VerifyPolicy
+    processing: Processing
+    stats: DSparkStats
+    do_sample: bool
+    markov: bool  # False: sample the block without the Markov head (DFlash)
+    budget: int  # new tokens allowed per row
+    max_drafts: int | None  # num_speculative_tokens
+    eos: set[int]
+    pad_id: int
+    criteria: list  # stopping criteria other than EOS and the length (stop strings, the caller's)
+    prompt_rows: list[torch.Tensor]  # per row [P] its prompt ids (left padding included)
+    generated: list[list[int]]  # per row the tokens committed so far (finished rows included)
+    streamer: Any
+    forward_kwargs: dict[str, Any]  # passed to every target forward: the cache and the caller's model kwargs
+    keeps_logits: bool  # the target's forward takes logits_to_keep
+
+    @property
+    def block_size(self) -> int:
+        return self.drafter.config.block_size
+
+
+@dataclass
+class _Rows:
+    """What changes from step to step: the R rows still running, in the order of the caches' batch dimension."""
+
+    ids: list[int]  # [R] original row index of each running row
+    anchor: torch.Tensor  # [R] the last committed token (its K/V is not in the caches yet)
+    anchor_pos: torch.Tensor  # [R] its position
+    ctx_valid: torch.Tensor  # [R, C] bool: the cache columns each row attends to (not padding, not a rejected draft)
+    dense: bool  # every column is valid in every row: the target's forward needs no attention mask
+
+
+@dataclass
+class _Verified:
+    """One verify forward over the ragged batch: row r scored [anchor, x_0..x_{l_r-1}]."""
+
+    lengths: torch.Tensor  # [R] drafts verified per row, l_r
+    width: int  # W = 1 + max l_r (1: a plain step)
+    valid: torch.Tensor  # [R, W] bool: the anchor and each row's verified drafts
+    mask: torch.Tensor  # [R, C + W] bool: the columns each row attended to (the next ctx_valid, rejections masked)
+    logits: torch.Tensor  # [T, V] fp32: the target's logits after the anchor and after each verified draft, row by row
+
+
 @torch.no_grad()
 def generate(
     model: PreTrainedModel,
@@ -217,6 +300,7 @@ def generate(
     """DSpark speculative decoding; use as `model.generate(**enc, custom_generate=hf_dspark.generate, drafter=d)`.
 
     Args:
+        input_ids: [N, P] left-padded prompts (`attention_mask` [N, P] among the model kwargs).
         drafter: a `DSparkDrafter` bound to `model` (`DSparkDrafter.from_pretrained(..., target=model)`).
         num_speculative_tokens: draft and verify at most this many of the block's B tokens (0: plain decoding).
         markov: False samples the block without the Markov head (pure DFlash on the same weights).
@@ -227,235 +311,283 @@ def generate(
         stop_strings, stop_tokenizer: stop strings, cut at the exact stop point inside an accepted block
             (generate() does not hand its tokenizer to a custom_generate callable, hence our own names).
 
-    Returns the sequences `[N, prompt + new]` (finished rows padded), or a `DSparkGenerateOutput` with
+    Returns the sequences `[N, P + new]` (finished rows padded), or a `DSparkGenerateOutput` with
     `dspark_stats` when `return_dict_in_generate=True`. The stats are also left on `drafter.last_stats`.
     """
     if drafter is None:
         raise ValueError("hf_dspark.generate needs drafter=<DSparkDrafter>; load one with DSparkDrafter.from_pretrained(..., target=model).")
     drafter = _unwrap_peft(drafter)
     drafter.require_target(model)
-    cfg = drafter.config
-    gen = generation_config
+    attention_mask = model_kwargs.pop("attention_mask", None)  # [N, P]
+    policy_options = dict(verify_policy=verify_policy, confidence_threshold=confidence_threshold)
+    policy_options.update(adaptive_verification=adaptive_verification)
+    call = _start_call(
+        model, drafter, input_ids, generation_config, logits_processor, stopping_criteria, stop_strings, stop_tokenizer,
+        dspark_streamer, num_speculative_tokens, markov, policy_options, model_kwargs,
+    )
+    if call.budget > 0:
+        rows = _prefill(call, input_ids, attention_mask)
+        while rows.ids:
+            _decode_step(call, rows)
+    return _finish(call, input_ids, generation_config)
+
+
+def _start_call(
+    model, drafter, input_ids, gen, logits_processor, stopping_criteria, stop_strings, stop_tokenizer, streamer,
+    num_speculative_tokens, markov, policy_options, model_kwargs,
+) -> _Call:
+    """Check the inputs, read the generation config, choose the verify policy; what is left of `model_kwargs` goes
+    to every target forward."""
     cache_key = _cache_kwarg(model)
     cache = model_kwargs.pop(cache_key, None)
-    model_kwargs.pop("past_key_values", None)
-    cache = _check_inputs(model, cfg, gen, input_ids, num_speculative_tokens, cache)
-
-    device = input_ids.device
+    cache = _check_inputs(model, drafter.config, gen, input_ids, num_speculative_tokens, cache)
+    for name in ("past_key_values", "position_ids", "use_cache", "logits_to_keep"):
+        model_kwargs.pop(name, None)
     n_rows, prompt_len = input_ids.shape
-    attn = model_kwargs.pop("attention_mask", None)
-    attn = torch.ones_like(input_ids, dtype=torch.bool) if attn is None else attn.bool()
-    model_kwargs.pop("position_ids", None)
-    model_kwargs.pop("use_cache", None)
-    model_kwargs.pop("logits_to_keep", None)
     max_length = int(gen.max_length) if gen.max_length is not None else prompt_len + 20
-    budget = max_length - prompt_len  # new tokens allowed per row
     eos_ids = getattr(gen, "_eos_token_tensor", None)
     eos = set(eos_ids.flatten().tolist()) if eos_ids is not None else set()
     pad_id = getattr(gen, "_pad_token_tensor", None)
     pad_id = int(pad_id) if pad_id is not None else (min(eos) if eos else 0)
-    other_criteria = [c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
+    criteria = [c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
     if stop_strings is not None:
         if stop_tokenizer is None:
             raise ValueError("stop_strings needs the tokenizer: pass stop_tokenizer=tokenizer (or tokenizer= with assistant_model=).")
-        other_criteria.append(StopStringCriteria(stop_tokenizer, stop_strings))
+        criteria.append(StopStringCriteria(stop_tokenizer, stop_strings))
     processing = Processing(logits_processor, bool(gen.do_sample), n_rows)
-    policy = _choose_policy(model, drafter, verify_policy, confidence_threshold, adaptive_verification, num_speculative_tokens)
+    policy = _choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, **policy_options)
     policy.reset()
-    stats = DSparkStats(block_size=cfg.block_size)
-    streamer = dspark_streamer
     if streamer is not None and n_rows > 1:
         raise ValueError("Streaming supports one prompt at a time (like transformers' streamers); pass a single prompt.")
     if streamer is not None:
         streamer.put(input_ids.cpu())
+    return _Call(
+        model=model, drafter=drafter, cache=cache, context=DraftContext(drafter), policy=policy, processing=processing,
+        stats=DSparkStats(block_size=drafter.config.block_size), do_sample=bool(gen.do_sample), markov=markov,
+        budget=max_length - prompt_len, max_drafts=num_speculative_tokens, eos=eos, pad_id=pad_id, criteria=criteria,
+        prompt_rows=list(input_ids), generated=[[] for _ in range(n_rows)], streamer=streamer,
+        forward_kwargs={cache_key: cache, **model_kwargs},
+        keeps_logits="logits_to_keep" in inspect.signature(model.forward).parameters,
+    )
 
-    generated: list[list[int]] = [[] for _ in range(n_rows)]
-    if budget <= 0:
-        return _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer)
 
-    keep_kwarg = "logits_to_keep" in inspect.signature(model.forward).parameters
+def _target_forward(call: _Call, ids, mask, pos, last_only: bool = False) -> torch.Tensor:
+    """One target forward over ids [R, T] at positions pos [R, T], appended to the cache -> logits [R, T, V] ([R, 1, V]
+    with `last_only`); the taps of these tokens go to the drafter's context (projected when the drafter next runs).
+    `mask` [R, C + T], or None when every column is valid in every row: like generate(), which drops an all-ones
+    attention mask (given, it cost ~0.5 ms of a 61 ms batch-1 decode forward, bf16, 2-core CPU:
+    `scripts/decode_overhead.py 1 bfloat16`)."""
+    taps = call.drafter.tap_hidden_state_ids
+    out = call.model(
+        input_ids=ids,
+        attention_mask=None if mask is None else mask.long(),
+        position_ids=pos,
+        use_cache=True,
+        output_hidden_states=taps,
+        **({"logits_to_keep": 1} if last_only and call.keeps_logits else {}),
+        **call.forward_kwargs,
+    )
+    call.context.append([out.hidden_states[i] for i in taps], pos)  # m x [R, T, H]
+    return out.logits
 
-    def target_forward(ids, mask, pos, cache, last_only=False):
-        """One target forward appending to `cache` -> logits [R, T, V] (or [R, 1, V] with `last_only`); the taps of
-        these tokens go to the drafter's context (projected when the drafter next runs). `mask` [R, C + T] or None
-        when every column is valid in every row: like generate(), which drops an all-ones attention mask (given, it
-        cost ~0.5 ms of a 61 ms batch-1 decode forward, bf16, 2-core CPU: `scripts/decode_overhead.py 1 bfloat16`)."""
-        out = model(
-            input_ids=ids,
-            attention_mask=None if mask is None else mask.long(),
-            position_ids=pos,
-            use_cache=True,
-            output_hidden_states=drafter.tap_hidden_state_ids,
-            **{cache_key: cache},
-            **({"logits_to_keep": 1} if last_only and keep_kwarg else {}),
-            **model_kwargs,
-        )
-        context.append([out.hidden_states[i] for i in drafter.tap_hidden_state_ids], pos)  # m x [R, T, H]
-        return out.logits
 
-    # ---- prefill: target over the prompt -> first token, taps -> drafter context
-    context = DraftContext(drafter)  # columns mirror the target cache's
+def _prefill(call: _Call, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> _Rows:
+    """The target over the prompts [N, P] -> the first token of each row (committed); taps -> the drafter's context.
+    Returns the rows still running."""
+    attn = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()  # [N, P]
     positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
     t0 = time.perf_counter()
-    dense = bool(attn.all())  # no hole in the cache columns (no padding, no rejected drafts): no attention mask
-    logits = target_forward(input_ids, None if dense else attn, positions, cache, last_only=True)  # the lm_head on the last position only
-    prompt_rows = [input_ids[r] for r in range(n_rows)]
-    scores = processing(logits[:, -1].float(), lambda i: (i, prompt_rows[i]))
-    first = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1) if gen.do_sample else scores.argmax(-1)
-    ctx_valid = attn.clone()  # [R, C] mirrors the target cache's validity
-    stats.verify_time_s += time.perf_counter() - t0
-
-    rows = torch.arange(n_rows, device=device)  # original row index of each active row
-    anchor = first
-    anchor_pos = attn.long().sum(-1)  # position of the anchor (first generated token) per row
-    active = _commit(generated, rows.tolist(), [[int(t)] for t in first], eos, budget, other_criteria, prompt_rows, streamer)
-    rows, anchor, anchor_pos, ctx_valid = _select(active, rows, anchor, anchor_pos, cache, context, ctx_valid)
-
-    while rows.numel() > 0:
-        n = rows.numel()
-        step_start = time.perf_counter()
-        # ---- draft (only as deep as the policy wants and some row can still use)
-        row_ids = rows.tolist()
-        hist: dict[int, torch.Tensor] = {}  # row -> its generated tokens, built when a processor first asks
-
-        def prefix(i: int, drafts: torch.Tensor, _rows=row_ids, _hist=hist) -> tuple[int, torch.Tensor]:
-            """(row, prompt + generated + drafts) for logits processors that read the prefix."""
-            row = _rows[i]
-            if row not in _hist:
-                _hist[row] = torch.tensor(generated[row], dtype=torch.long, device=device)
-            return row, torch.cat([prompt_rows[row], _hist[row], drafts])
-
-        caps = [max(budget - len(generated[r]) - 1, 0) for r in row_ids]  # never verify more than a row can emit
-        if num_speculative_tokens is not None:
-            caps = [min(c, num_speculative_tokens) for c in caps]
-        t0 = time.perf_counter()
-        pending = context.num_pending  # context columns the drafter has not projected yet
-        depth = min(policy.draft_depth(n, cfg.block_size, usable=caps, pending_columns=pending), max(caps))
-        stats.policy_time_s += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        catch_up = None  # (request-columns, seconds) of projecting what plain steps or the prefill left
-        if depth > 0:
-            ctx_kv = context.kv()
-            if catch_up_columns(pending, cfg.block_size):
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                catch_up = (n * pending, time.perf_counter() - t0)
-            draft = draft_block(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, markov, depth)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)  # the policy prices drafting with this wall time
-            stats.drafted_steps += 1
-        else:  # a plain target step: no drafter pass (the policy judged that drafting does not pay)
-            draft = Draft(tokens=torch.empty((n, 0), dtype=torch.long, device=device), q=None, conf_logits=None)
-        draft_seconds = time.perf_counter() - t0
-        stats.draft_time_s += draft_seconds
-
-        # ---- how many drafts each row verifies (never more than the row can still emit)
-        t0 = time.perf_counter()
-        width = 1  # the anchor plus the most drafts any row verifies
-        if depth > 0:
-            lengths = policy.lengths(draft.conf_logits, depth, num_requests=n).to(device)
-            lengths = torch.minimum(lengths, torch.tensor(caps, device=device))
-            stats.policy_time_s += time.perf_counter() - t0
-            width = int(lengths.max()) + 1
-
-        # ---- verify: one target forward over the ragged batch (a plain step when no row verifies a draft: one
-        # position per row, none of the ragged layout to build; a batch-1 step on CPU has ~1 ms outside its forward)
-        t0 = time.perf_counter()
-        if width == 1:
-            lengths = torch.zeros(n, dtype=torch.long, device=device)
-            valid = torch.ones((n, 1), dtype=torch.bool, device=device)
-            verify_ids, verify_pos = anchor[:, None], anchor_pos[:, None]
-        else:
-            verify_ids, verify_pos, valid = build_verify_inputs(anchor, draft.tokens, lengths, anchor_pos, pad_id)
-        # valid [R, width]: the anchor and the verified drafts of each row
-        mask = torch.cat([ctx_valid, valid], dim=1)  # [R, C + width]; becomes the next ctx_valid
-        dense = dense and (width == 1 or bool(valid.all()))
-        logits = target_forward(verify_ids, None if dense else mask, verify_pos, cache).float()  # [R, width, V]
-        flat_logits = flatten_ragged(logits, lengths)  # [T, V], row by row (T = R + sum l_r)
-        cu = build_cu_num_draft(lengths)  # [R + 1] cumulative draft counts
-        draft_ids = draft.tokens[:, : width - 1][valid[:, 1:]] if width > 1 else draft.tokens[:, :0].reshape(0)  # [sum l_r]
-        flat_prefix = None
-        if processing.reads_prefix:
-            flat_slots = valid.nonzero().tolist()  # [T] of (row, slot)
-            flat_prefix = lambda j: prefix(flat_slots[j][0], draft.tokens[flat_slots[j][0], : flat_slots[j][1]])
-        if gen.do_sample:
-            target_probs = processing.probs(flat_logits, flat_prefix)
-            draft_probs = draft.q[:, : width - 1][valid[:, 1:]] if draft.q is not None else None  # [sum l_r, V]
-            uniforms = torch.rand(draft_ids.shape[0], device=device)
-            noise = torch.empty((n, target_probs.shape[1]), device=device).exponential_()
-            emitted, num_acc = rejection_sample(target_probs, draft_ids, draft_probs, cu, uniforms, noise, greedy=False)
-        else:
-            scores = processing(flat_logits, flat_prefix)
-            emitted, num_acc = rejection_sample(scores, draft_ids, None, cu, None, None, greedy=True)
-        stats.verify_time_s += time.perf_counter() - t0
-
-        # ---- statistics
-        stats.steps += 1
-        stats.rows_per_step.append(n)
-        verified_lengths, accepted = (lengths.tolist(), num_acc.tolist()) if width > 1 else ([0] * n, [0] * n)
-        stats.verified_per_step.append(sum(verified_lengths) / n)
-        stats.accepted_lengths.extend(a + 1 for a in accepted)
-        stats.verified_lengths.extend(verified_lengths)
-        if draft.conf_logits is not None:  # None on skipped steps and without a confidence head
-            undrafted = cfg.block_size - depth  # slots past the depth: NaN (never verified, so never labelled)
-            stats.conf_logits.append(torch.nn.functional.pad(draft.conf_logits.detach().float().cpu(), (0, undrafted), value=float("nan")))
-            stats.num_accepted.append(num_acc.cpu())
-            stats.num_verified.append(lengths.cpu())
-
-        # ---- commit, then roll back caches to [anchor + accepted drafts] per row
-        chunks = [e[: a + 1] for e, a in zip(emitted.tolist(), accepted)]
-        active = _commit(generated, row_ids, chunks, eos, budget, other_criteria, prompt_rows, streamer)
-        ctx_valid = mask
-        if width > 1:
-            slot = torch.arange(width, device=device)  # [width]: 0 = the anchor, k = draft k - 1
-            ctx_valid[:, -width:] &= slot[None, :] <= num_acc[:, None]  # the anchor and the accepted drafts stay valid
-            anchor = emitted[torch.arange(n, device=device), num_acc]
-            anchor_pos = anchor_pos + num_acc + 1
-        else:
-            anchor, anchor_pos = emitted[:, 0], anchor_pos + 1
-        rows, anchor, anchor_pos, ctx_valid = _select(active, rows, anchor, anchor_pos, cache, context, ctx_valid)
-        if width > 1 or not all(active):  # a plain step of the same rows adds no holes: nothing to crop or compact
-            ctx_valid = _trim(cache, context, ctx_valid)
-            dense = bool(ctx_valid.all())
-        step_seconds = time.perf_counter() - step_start
-        stats.step_seconds.append(step_seconds)
-        t0 = time.perf_counter()
-        policy.observe_step(n, depth, step_seconds, draft_seconds, num_acc if depth > 0 else None, catch_up=catch_up)
-        stats.policy_time_s += time.perf_counter() - t0
-
-    return _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer)
+    dense = bool(attn.all())  # no padding: no attention mask
+    logits = _target_forward(call, input_ids, None if dense else attn, positions, last_only=True)  # [N, 1, V]
+    scores = call.processing(logits[:, -1].float(), lambda i: (i, call.prompt_rows[i]))  # [N, V]
+    first = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1) if call.do_sample else scores.argmax(-1)
+    call.stats.verify_time_s += time.perf_counter() - t0
+    anchor_pos = attn.long().sum(-1)  # the first generated token's position, per row
+    rows = _Rows(list(range(input_ids.shape[0])), anchor=first, anchor_pos=anchor_pos, ctx_valid=attn.clone(), dense=dense)
+    active = _append_tokens(call, rows.ids, [[int(t)] for t in first])
+    _drop_finished(call, rows, active)
+    return rows
 
 
-def _commit(generated, row_ids, chunks, eos, budget, criteria, prompt_rows, streamer) -> list[bool]:
-    """Append each row's emitted tokens, cut at EOS / max_new_tokens / other stopping criteria; -> still active, per row."""
+def _decode_step(call: _Call, rows: _Rows) -> None:
+    """One step of the R running rows: choose the depth, draft, verify, accept, commit; the policy sees what it cost."""
+    step_start, num_rows = time.perf_counter(), len(rows.ids)
+    prefix = _prefix_reader(call, rows.ids)
+    depth, caps = _choose_depth(call, rows)
+    draft, draft_seconds, catch_up = _draft(call, rows, depth, prefix)
+    verified = _verify(call, rows, draft, depth, caps)
+    emitted, num_acc = _accept(call, draft, verified, prefix)
+    accepted = num_acc.tolist() if verified.width > 1 else [0] * num_rows
+    call.stats.record_step(depth, draft.conf_logits, verified.lengths, verified.width, num_acc, accepted)
+    _commit(call, rows, verified, emitted, num_acc, accepted)
+    step_seconds = time.perf_counter() - step_start
+    call.stats.step_seconds.append(step_seconds)
+    t0 = time.perf_counter()
+    accepted_drafts = num_acc if depth > 0 else None
+    call.policy.observe_step(num_rows, depth, step_seconds, draft_seconds, accepted_drafts, catch_up=catch_up)
+    call.stats.policy_time_s += time.perf_counter() - t0
+
+
+def _prefix_reader(call: _Call, row_ids: list[int]):
+    """(running row i, drafts [k]) -> (original row, prompt + generated + drafts [P + G + k]), for logits processors
+    that read the prefix; a row's generated tokens become a tensor once per step, when first asked for."""
+    generated: dict[int, torch.Tensor] = {}
+
+    def prefix(i: int, drafts: torch.Tensor) -> tuple[int, torch.Tensor]:
+        row = row_ids[i]
+        prompt = call.prompt_rows[row]
+        if row not in generated:
+            generated[row] = torch.tensor(call.generated[row], dtype=torch.long, device=prompt.device)
+        return row, torch.cat([prompt, generated[row], drafts])
+
+    return prefix
+
+
+def _choose_depth(call: _Call, rows: _Rows) -> tuple[int, list[int]]:
+    """How many drafts to make this step (0: a plain target step, no drafter pass), and per row the most it may
+    verify: never more than it can still emit, nor num_speculative_tokens."""
+    caps = [max(call.budget - len(call.generated[r]) - 1, 0) for r in rows.ids]
+    if call.max_drafts is not None:
+        caps = [min(c, call.max_drafts) for c in caps]
+    t0 = time.perf_counter()
+    pending = call.context.num_pending  # context columns the drafter has not projected yet
+    depth = call.policy.draft_depth(len(rows.ids), call.block_size, usable=caps, pending_columns=pending)
+    call.stats.policy_time_s += time.perf_counter() - t0
+    return min(depth, max(caps)), caps
+
+
+def _draft(call: _Call, rows: _Rows, depth: int, prefix) -> tuple[Draft, float, tuple[int, float] | None]:
+    """One drafter pass, `depth` slots deep (none at depth 0) -> the drafts, the seconds they took, and the catch-up:
+    (request-columns, seconds) of projecting the context columns that plain steps or the prefill left, when
+    `catch_up_columns` says it counts apart."""
+    n, device = len(rows.ids), rows.anchor.device
+    t0 = time.perf_counter()
+    catch_up = None
+    if depth > 0:
+        pending = call.context.num_pending
+        ctx_kv = call.context.kv()
+        if catch_up_columns(pending, call.block_size):
+            _synchronize(device)
+            catch_up = (n * pending, time.perf_counter() - t0)
+        args = (rows.anchor, rows.anchor_pos, ctx_kv, rows.ctx_valid, call.processing, prefix, call.markov, depth)
+        draft = draft_block(call.drafter, *args)
+        _synchronize(device)  # the policy prices drafting with this wall time
+        call.stats.drafted_steps += 1
+    else:  # a plain target step: the policy judged that drafting does not pay
+        draft = Draft(tokens=torch.empty((n, 0), dtype=torch.long, device=device), q=None, conf_logits=None)
+    seconds = time.perf_counter() - t0
+    call.stats.draft_time_s += seconds
+    return draft, seconds, catch_up
+
+
+def _verify(call: _Call, rows: _Rows, draft: Draft, depth: int, caps: list[int]) -> _Verified:
+    """How many drafts each row verifies (the policy's lengths, capped), then one target forward over the ragged
+    batch. A plain step (no row verifies a draft) scores one position per row, without the ragged layout."""
+    n, device = len(rows.ids), rows.anchor.device
+    t0 = time.perf_counter()
+    width = 1
+    if depth > 0:
+        lengths = call.policy.lengths(draft.conf_logits, depth, num_requests=n).to(device)
+        lengths = torch.minimum(lengths, torch.tensor(caps, device=device))
+        call.stats.policy_time_s += time.perf_counter() - t0
+        width = int(lengths.max()) + 1
+    t0 = time.perf_counter()
+    if width == 1:
+        lengths = torch.zeros(n, dtype=torch.long, device=device)
+        valid = torch.ones((n, 1), dtype=torch.bool, device=device)
+        ids, pos = rows.anchor[:, None], rows.anchor_pos[:, None]
+    else:
+        ids, pos, valid = build_verify_inputs(rows.anchor, draft.tokens, lengths, rows.anchor_pos, call.pad_id)
+    mask = torch.cat([rows.ctx_valid, valid], dim=1)  # [R, C + W]
+    rows.dense = rows.dense and (width == 1 or bool(valid.all()))
+    logits = _target_forward(call, ids, None if rows.dense else mask, pos).float()  # [R, W, V]
+    flat = flatten_ragged(logits, lengths)  # [T, V]
+    call.stats.verify_time_s += time.perf_counter() - t0
+    return _Verified(lengths=lengths, width=width, valid=valid, mask=mask, logits=flat)
+
+
+def _accept(call: _Call, draft: Draft, verified: _Verified, prefix) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy match or rejection sampling (SPEC section 3) on the flat ragged layout -> emitted [R, W] (row r: its
+    accepted drafts, then the recovered or bonus token, then -1) and num_acc [R], the accepted drafts a_r."""
+    t0 = time.perf_counter()
+    width, valid, device = verified.width, verified.valid, verified.logits.device
+    cu = build_cu_num_draft(verified.lengths)  # [R + 1] cumulative draft counts
+    draft_ids = draft.tokens[:, : width - 1][valid[:, 1:]] if width > 1 else draft.tokens[:, :0].reshape(0)  # [sum l_r]
+    flat_prefix = None
+    if call.processing.reads_prefix:
+        flat_slots = valid.nonzero().tolist()  # [T] of (row, slot)
+        flat_prefix = lambda j: prefix(flat_slots[j][0], draft.tokens[flat_slots[j][0], : flat_slots[j][1]])
+    if call.do_sample:
+        target_probs = call.processing.probs(verified.logits, flat_prefix)  # [T, V]
+        draft_probs = draft.q[:, : width - 1][valid[:, 1:]] if draft.q is not None else None  # [sum l_r, V]
+        uniforms = torch.rand(draft_ids.shape[0], device=device)
+        noise = torch.empty((valid.shape[0], target_probs.shape[1]), device=device).exponential_()
+        emitted, num_acc = rejection_sample(target_probs, draft_ids, draft_probs, cu, uniforms, noise, greedy=False)
+    else:
+        scores = call.processing(verified.logits, flat_prefix)
+        emitted, num_acc = rejection_sample(scores, draft_ids, None, cu, None, None, greedy=True)
+    call.stats.verify_time_s += time.perf_counter() - t0
+    return emitted, num_acc
+
+
+def _commit(call: _Call, rows: _Rows, verified: _Verified, emitted, num_acc, accepted: list[int]) -> None:
+    """Commit each row's a_r + 1 tokens (cut at EOS / stop strings / max_new_tokens), roll the caches back to
+    [anchor + accepted drafts] (rejected drafts become masked holes), drop finished rows, crop / compact holes."""
+    n, width = len(rows.ids), verified.width
+    chunks = [e[: a + 1] for e, a in zip(emitted.tolist(), accepted)]
+    active = _append_tokens(call, rows.ids, chunks)
+    rows.ctx_valid = verified.mask
+    if width > 1:
+        slot = torch.arange(width, device=num_acc.device)  # [W]: 0 = the anchor, k = draft k - 1
+        rows.ctx_valid[:, -width:] &= slot[None, :] <= num_acc[:, None]  # the anchor and the accepted drafts stay valid
+        rows.anchor = emitted[torch.arange(n, device=num_acc.device), num_acc]
+        rows.anchor_pos = rows.anchor_pos + num_acc + 1
+    else:
+        rows.anchor, rows.anchor_pos = emitted[:, 0], rows.anchor_pos + 1
+    _drop_finished(call, rows, active)
+    if width > 1 or not all(active):  # a plain step of the same rows adds no holes: nothing to crop or compact
+        rows.ctx_valid = _trim(call.cache, call.context, rows.ctx_valid)
+        rows.dense = bool(rows.ctx_valid.all())
+
+
+def _append_tokens(call: _Call, row_ids: list[int], chunks: list[list[int]]) -> list[bool]:
+    """Append each row's emitted tokens, cut at EOS / max_new_tokens / other stopping criteria -> active, per row."""
     active = []
     for r, chunk in zip(row_ids, chunks):
-        out = generated[r]
+        out = call.generated[r]
         start, done = len(out), False
         for tok in chunk:
             out.append(tok)
-            done = tok in eos or len(out) >= budget
-            if not done and criteria:
-                seq = torch.cat([prompt_rows[r], torch.tensor(out, device=prompt_rows[r].device)])[None]
-                done = any(bool(c(seq, None).any()) for c in criteria)
+            done = tok in call.eos or len(out) >= call.budget
+            if not done and call.criteria:
+                seq = torch.cat([call.prompt_rows[r], torch.tensor(out, device=call.prompt_rows[r].device)])[None]
+                done = any(bool(c(seq, None).any()) for c in call.criteria)
             if done:
                 break
-        if streamer is not None:
-            streamer.put(torch.tensor(out[start:]))
+        if call.streamer is not None:
+            call.streamer.put(torch.tensor(out[start:]))
         active.append(not done)
     return active
 
 
-def _select(active, rows, anchor, anchor_pos, cache: DynamicCache, context: DraftContext, ctx_valid):
+def _drop_finished(call: _Call, rows: _Rows, active: list[bool]) -> None:
     """Drop finished rows from every piece of state (finished rows stop costing compute)."""
     if all(active):
-        return rows, anchor, anchor_pos, ctx_valid
+        return
     if not any(active):  # the call is over: leave the caches (selecting no row still merged every pending tap: ~15 ms at batch 64)
-        return rows[:0], anchor[:0], anchor_pos[:0], ctx_valid[:0]
-    idx = torch.tensor([i for i, a in enumerate(active) if a], dtype=torch.long, device=rows.device)
-    cache.batch_select_indices(idx)
-    context.select(idx)
-    return rows[idx], anchor[idx], anchor_pos[idx], ctx_valid[idx]
+        rows.ids, rows.anchor, rows.anchor_pos, rows.ctx_valid = [], rows.anchor[:0], rows.anchor_pos[:0], rows.ctx_valid[:0]
+        return
+    keep = [i for i, a in enumerate(active) if a]
+    idx = torch.tensor(keep, dtype=torch.long, device=rows.anchor.device)
+    call.cache.batch_select_indices(idx)
+    call.context.select(idx)
+    rows.ids = [rows.ids[i] for i in keep]
+    rows.anchor, rows.anchor_pos, rows.ctx_valid = rows.anchor[idx], rows.anchor_pos[idx], rows.ctx_valid[idx]
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _trim(cache: DynamicCache, context: DraftContext, ctx_valid: torch.Tensor) -> torch.Tensor:
@@ -488,18 +620,19 @@ def _trim(cache: DynamicCache, context: DraftContext, ctx_valid: torch.Tensor) -
     return ctx_valid
 
 
-def _finish(input_ids, generated, pad_id, gen, stats, drafter, streamer):
-    if streamer is not None:
-        streamer.end()
-    width = max((len(g) for g in generated), default=0)
-    new = torch.full((len(generated), width), pad_id, dtype=torch.long, device=input_ids.device)
-    for r, g in enumerate(generated):
+def _finish(call: _Call, input_ids: torch.Tensor, gen: Any) -> torch.LongTensor | DSparkGenerateOutput:
+    """The sequences [N, P + new] (rows that finished early padded), the stats on the drafter."""
+    if call.streamer is not None:
+        call.streamer.end()
+    width = max((len(g) for g in call.generated), default=0)
+    new = torch.full((len(call.generated), width), call.pad_id, dtype=torch.long, device=input_ids.device)
+    for r, g in enumerate(call.generated):
         if g:
             new[r, : len(g)] = torch.tensor(g, device=input_ids.device)
     sequences = torch.cat([input_ids, new], dim=1)
-    drafter.last_stats = stats
+    call.drafter.last_stats = call.stats
     if getattr(gen, "return_dict_in_generate", False):
-        return DSparkGenerateOutput(sequences=sequences, dspark_stats=stats)
+        return DSparkGenerateOutput(sequences=sequences, dspark_stats=call.stats)
     return sequences
 
 
