@@ -397,6 +397,13 @@ def _table_file(target_id: str, slug: str) -> str:
     return f"{target_slug(target_id)}/{slug}.json"
 
 
+def local_table_path(target_id: str, device: torch.device | str | None = None, cache_dir=None) -> Path:
+    """Where `load_or_profile` caches this device's table for a target: `<cache_dir>/<target slug>/<device slug>.json`
+    (cache_dir defaults to ~/.cache/hf_dspark/step_tables)."""
+    root = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR).expanduser()
+    return root / _table_file(target_id, device_slug(device))
+
+
 def _hub_offline() -> bool:
     env = os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
     return huggingface_hub.constants.HF_HUB_OFFLINE or env
@@ -445,7 +452,7 @@ def load_or_profile(
     param = next(model.parameters())
     expected = dict(device_slug=device_slug(param.device), dtype=_dtype_name(param.dtype), target_id=target_id)
     table_file = _table_file(target_id, expected["device_slug"])
-    local = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR).expanduser() / table_file
+    local = local_table_path(target_id, param.device, cache_dir)
 
     if local.is_file() and (table := _load_checked(local, expected)) is not None:
         return table
