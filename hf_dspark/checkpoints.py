@@ -4,8 +4,9 @@ Three layouts load unchanged:
 - ours: `config.json` with `model_type: "dspark"`; weights without the target's embeddings/lm_head;
 - DeepSpec-native (`deepseek-ai/dspark_qwen3_*_block7`): the target's config plus DSpark fields and
   `architectures: ["Qwen3DSparkModel"]`, weights with the exact SPEC names (embeddings included);
-- speculators (`speculators_model_type: "dspark"`): nested `transformer_layer_config`,
-  `aux_hidden_state_layer_ids` (= our ids + 1), `sample_from_anchor` (must be true).
+- speculators (`speculators_model_type: "dspark"` or `"dflash"`): nested `transformer_layer_config` (its layer
+  layout included), `aux_hidden_state_layer_ids` (= our ids + 1), `sample_from_anchor` (False: the z-lab layout,
+  whose block has one slot more than its drafts), optional reduced draft vocabulary with `d2t`/`t2d`.
 `export_deepspec` writes the DeepSpec-native layout that vLLM and SGLang load; `export_speculators` (or
 `save_pretrained(folder, format="speculators")`) writes speculators' layout, reduced vocabularies and sliding-window
 layers included.
@@ -264,10 +265,11 @@ def _from_speculators(raw: dict, shares: bool, names: set[str]) -> DSparkConfig:
             f"speculators_model_type={kind!r} is not a DSpark/DFlash checkpoint; only 'dspark' and 'dflash' load here."
         )
     raw = {**_SPECULATORS_DEFAULTS[kind], **{k: v for k, v in raw.items() if v is not None}}
-    if not raw["sample_from_anchor"]:
+    from_anchor = bool(raw["sample_from_anchor"])
+    if not from_anchor and int(raw["block_size"]) < 2:
         raise ValueError(
-            "This speculators checkpoint has sample_from_anchor=False (z-lab DFlash layout, B-1 drafts per block); "
-            "DSpark needs the anchor-as-first-prediction layout (sample_from_anchor=True)."
+            f"This speculators checkpoint has sample_from_anchor=False and block_size={raw['block_size']}: its block "
+            "drafts nothing (the anchor slot never drafts); the checkpoint is corrupt."
         )
     text = dict(raw.get("transformer_layer_config") or {})
     layer = _speculators_layer_config(text)
@@ -302,6 +304,8 @@ def _from_speculators(raw: dict, shares: bool, names: set[str]) -> DSparkConfig:
     )
     fields.update({k: raw[k] for k in _DSPARK_FIELDS if raw.get(k) is not None and k != "target_layer_ids"})
     fields.update(_speculators_layout(layer, raw, fields["num_hidden_layers"]))
+    fields["sample_from_anchor"] = from_anchor
+    fields["block_size"] = int(raw["block_size"]) - (0 if from_anchor else 1)  # ours counts drafts, not slots
     fields["target_layer_ids"] = [int(i) - 1 for i in aux]
     fields["share_target_embeddings"] = shares
     if draft_vocab != vocab:
@@ -439,6 +443,11 @@ def export_deepspec(drafter: "DSparkDrafter", save_directory: str | os.PathLike,
             f"export_deepspec cannot write a reduced-vocabulary drafter (draft_vocab_size={cfg.draft_vocab_size}): "
             "DeepSpec's Qwen3DSparkModel has no d2t/t2d maps; use export_speculators instead."
         )
+    if not cfg.sample_from_anchor:
+        raise ValueError(
+            "export_deepspec cannot write a z-lab DFlash drafter (sample_from_anchor=False): DeepSpec's blocks draft "
+            "from the anchor slot; use export_speculators instead."
+        )
     if any(cfg.sliding_layers):
         raise ValueError(
             "export_deepspec cannot write sliding_attention layers (DeepSpec's drafter layers attend to the full context); "
@@ -516,10 +525,10 @@ def export_speculators(drafter: "DSparkDrafter", save_directory: str | os.PathLi
         speculators_version="0.9.0",
         transformer_layer_config=layer,
         aux_hidden_state_layer_ids=[i + 1 for i in cfg.target_layer_ids],
-        block_size=cfg.block_size,
+        block_size=cfg.block_slots,
         draft_vocab_size=drafter.draft_vocab_size,
         mask_token_id=cfg.mask_token_id,
-        sample_from_anchor=True,
+        sample_from_anchor=cfg.sample_from_anchor,
         sliding_window_non_causal=cfg.sliding_window_non_causal,
         markov_rank=cfg.markov_rank,
         markov_head_type=cfg.markov_head_type,

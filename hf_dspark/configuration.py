@@ -66,6 +66,10 @@ class DSparkConfig(PreTrainedConfig):
         sliding_window: W, the context window of sliding_attention layers (a positive integer; required by them).
         sliding_window_non_causal: sliding_attention layers attend bidirectionally inside the block (speculators'
             `sliding_window_non_causal`); full_attention layers always do.
+        sample_from_anchor: True (DSpark, DeepSpec): the block is [anchor, MASK x (B-1)] and slot k drafts token
+            p+k+1, B drafts. False (z-lab DFlash, speculators' DFlash default): the block has one more slot,
+            [anchor, MASK x B], whose anchor slot drafts nothing; slot k >= 1 drafts token p+k. Either way
+            `block_size` counts the drafts per round (speculators' block_size is `block_slots`).
     """
 
     model_type = "dspark"
@@ -97,6 +101,7 @@ class DSparkConfig(PreTrainedConfig):
     layer_types: list[str] | None = None
     sliding_window: int | None = None
     sliding_window_non_causal: bool = False
+    sample_from_anchor: bool = True
     tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs: Any) -> None:
@@ -196,10 +201,18 @@ class DSparkConfig(PreTrainedConfig):
             raise ValueError(
                 "DSparkConfig.layer_types has sliding_attention layers but sliding_window is not set; give the window."
             )
+        if not isinstance(self.sample_from_anchor, bool):
+            raise ValueError(f"DSparkConfig.sample_from_anchor={self.sample_from_anchor!r} must be true or false.")
         if not isinstance(self.sliding_window_non_causal, bool):
             raise ValueError(
                 f"DSparkConfig.sliding_window_non_causal={self.sliding_window_non_causal!r} must be true or false."
             )
+
+    @property
+    def block_slots(self) -> int:
+        """Slots of one drafted block: block_size, plus the anchor slot that drafts nothing when not
+        sample_from_anchor."""
+        return self.block_size + (0 if self.sample_from_anchor else 1)
 
     @property
     def sliding_layers(self) -> list[bool]:

@@ -4,9 +4,11 @@ Only the first `depth` <= B slots are turned into tokens (lm_head, Markov bias, 
 over the vocabulary is most of a drafter pass, and slots the step will not verify need none of it. The backbone
 still sees the whole block, so the first `depth` drafts are the same as those of a full pass.
 
-Slot k predicts the token at p+k+1 ("anchor as first prediction"). Sampling goes left to right: l_k = U_k +
-bias(x_{k-1}), processed exactly like the target's logits, then argmax (greedy) or a draw from q_k. The
-confidence logit z_k sees h_k and W1[x_{k-1}], never x_k, so truncating on it is non-anticipating.
+Slot k predicts the token at p+k+1 ("anchor as first prediction"); a z-lab DFlash drafter (`sample_from_anchor`
+False) has one more slot, [anchor, MASK x B], and its draft k comes from slot k+1 (the same token p+k+1).
+Sampling goes left to right: l_k = U_k + bias(x_{k-1}), processed exactly like the target's logits, then argmax
+(greedy) or a draw from q_k. The confidence logit z_k sees h_k and W1[x_{k-1}], never x_k, so truncating on it is
+non-anticipating.
 """
 
 from __future__ import annotations
@@ -37,27 +39,32 @@ def draft_block(
     processing: Processing,
     prefix: Callable[[int, torch.Tensor], torch.Tensor] | None = None,  # (row, drafts so far [k]) -> input_ids prefix
     markov: bool = True,
-    depth: int | None = None,  # draft only slots 0..depth-1 (default: the whole block)
+    depth: int | None = None,  # draft only drafts 0..depth-1 (default: all block_size of them)
 ) -> Draft:
     cfg = drafter.config
-    n, b = anchor.shape[0], cfg.block_size
-    depth = b if depth is None else depth
-    if not 1 <= depth <= b:
-        raise ValueError(f"depth must be in 1..block_size={b}, got {depth}.")
+    n, b = anchor.shape[0], cfg.block_slots
+    depth = cfg.block_size if depth is None else depth
+    if not 1 <= depth <= cfg.block_size:
+        raise ValueError(f"depth must be in 1..block_size={cfg.block_size}, got {depth}.")
+    first = b - cfg.block_size  # the slot of the first draft: 1 when the anchor slot drafts nothing (z-lab DFlash)
     block = torch.full((n, b), cfg.mask_token_id, dtype=torch.long, device=anchor.device)
     block[:, 0] = anchor
     positions = anchor_pos[:, None] + torch.arange(b, device=anchor.device)
     mask = torch.cat(
         [ctx_valid[:, None, None, :].expand(n, 1, b, -1), ctx_valid.new_ones((n, 1, b, b))], dim=-1
     )  # [N, 1, B, C + B]
-    hidden = drafter.block_hidden(block, positions, ctx_kv, mask)[:, :depth]  # [N, depth, H]
+    slots = drafter.block_hidden(block, positions, ctx_kv, mask)  # [N, slots, H]
+    hidden = slots[:, first : first + depth]  # [N, depth, H]
     base = drafter.base_logits(hidden).float()  # [N, depth, D] (D = V unless the draft vocabulary is reduced)
     head = drafter.markov_head if markov else None
     conf = drafter.confidence_head
     conf_reads_w1 = conf is not None and conf.proj.in_features > cfg.hidden_size
     fused = processing.temperature_only and (head.head_type == "vanilla" if head is not None else not conf_reads_w1)
     if not fused:
-        return _sequential(drafter, base, hidden, anchor, processing, prefix, markov)
+        state = None
+        if first and markov:  # z-lab layout: an rnn head's state has already stepped over the anchor slot
+            state = drafter.markov_latent(anchor, slots[:, 0])[1]
+        return _sequential(drafter, base, hidden, anchor, processing, prefix, markov, state)
 
     # vanilla head (or none) and at most a temperature: the fused sampler (Triton on CUDA, torch elsewhere), in the
     # draft vocabulary (tokens come back as target ids, q over the D draft ids)
@@ -82,10 +89,11 @@ def draft_block(
     return Draft(tokens, q, conf_logits)
 
 
-def _sequential(drafter, base, hidden, anchor, processing, prefix, markov) -> Draft:
-    """General path: any Markov head type and any logits processors (per-row prefixes)."""
+def _sequential(drafter, base, hidden, anchor, processing, prefix, markov, state=None) -> Draft:
+    """General path: any Markov head type and any logits processors (per-row prefixes); `state` [N, r]: the rnn head's
+    state before the first draft (None: zeros)."""
     n, b, _ = base.shape
-    prev, state = anchor, None
+    prev = anchor
     tokens, qs, confs = [], [], []
     for k in range(b):
         logits = base[:, k]

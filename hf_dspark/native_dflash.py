@@ -23,6 +23,11 @@ class NativeDFlashAssistant(nn.Module):
 
     def __init__(self, drafter: DSparkDrafter) -> None:
         super().__init__()
+        if not drafter.config.sample_from_anchor:
+            raise ValueError(
+                "NativeDFlashAssistant adapts anchor-as-first-prediction drafters; this one has sample_from_anchor=False "
+                "(z-lab layout), which the adapter's slot shift would misalign."
+            )
         self.drafter = drafter
         self.config = drafter.config
         self._cache_id: int | None = None

@@ -156,9 +156,13 @@ def test_speculators_prefixed_names_and_identity_vocab_maps(tmp_path):
     assert_same_parameters(model, weights)
 
 
-def test_speculators_without_sample_from_anchor_is_refused(tmp_path):
+def test_speculators_without_sample_from_anchor_counts_drafts_not_slots(tmp_path):
+    """z-lab layout: speculators' block of 7 slots drafts 6 tokens (its anchor slot drafts nothing)."""
     write_speculators(tmp_path, sample_from_anchor=False)
-    with pytest.raises(ValueError, match="sample_from_anchor=False.*anchor-as-first-prediction"):
+    cfg = DSparkDrafter.from_pretrained(tmp_path).config
+    assert (cfg.sample_from_anchor, cfg.block_size, cfg.block_slots) == (False, 6, 7)
+    write_speculators(tmp_path, sample_from_anchor=False, block_size=1)
+    with pytest.raises(ValueError, match="sample_from_anchor=False and block_size=1: its block drafts nothing"):
         DSparkDrafter.from_pretrained(tmp_path)
 
 
