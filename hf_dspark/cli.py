@@ -28,14 +28,18 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from .checkpoints import export_deepspec
+    from .checkpoints import export_deepspec, export_speculators
     from .modeling import DSparkDrafter
     from .targets import load_target
 
     model, _ = load_target(args.target, dtype=args.dtype)
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=model)
-    export_deepspec(drafter, args.out)
-    print(f"wrote the DeepSpec-native checkpoint to {args.out}")
+    if args.format == "speculators":
+        export_speculators(drafter, args.out)
+        print(f"wrote the speculators checkpoint to {args.out}")
+    else:
+        export_deepspec(drafter, args.out)
+        print(f"wrote the DeepSpec-native checkpoint to {args.out}")
     return 0
 
 
@@ -59,8 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.set_defaults(func=_profile)
 
-    p = sub.add_parser("export", help="write the DeepSpec-native layout for vLLM / SGLang")
+    p = sub.add_parser("export", help="write the DeepSpec-native or speculators layout for vLLM / SGLang")
     p.add_argument("--drafter", required=True)
+    p.add_argument("--format", default="deepspec", choices=["deepspec", "speculators"],
+                   help="speculators also expresses reduced draft vocabularies and sliding-window layers")
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--out", required=True)
