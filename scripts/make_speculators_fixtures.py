@@ -10,8 +10,9 @@ It runs three stages, each in the interpreter it needs:
    `save_pretrained`, reloaded with its `from_pretrained`, and run on fixed inputs with fixed anchors (eager attention;
    sdpa must agree within 1e-5): draft logits, Markov-corrected teacher-forced logits and confidence logits, and
    greedy drafts (the Markov chain over the drafter's own argmax tokens, using speculators' heads).
-2. `export` (this project's venv): an hf_dspark drafter with a reduced vocabulary and sliding-window layers, exported
-   with `export_speculators`.
+2. `export` (this project's venv): an hf_dspark drafter with a reduced vocabulary (chosen from its training data's
+   token counts) and sliding-window layers, trained a few steps with hf_dspark.training, exported with
+   `export_speculators`.
 3. `roundtrip` (speculators' venv): that export loaded with speculators' `from_pretrained` and run as in stage 1.
 The tests (tests/test_speculators_fixtures.py) read only the committed files; they never import speculators.
 """
@@ -43,7 +44,8 @@ CASES = {
     "dspark_rnn_reduced_vocab_noncausal": ("dspark", 3, 48, 4, "rnn", ["sliding_attention", "sliding_attention"], 3, True, True),
     "dspark_default_layout": ("dspark", 4, V, 8, "vanilla", None, None, False, True),  # speculators' own defaults
     "dflash_sample_from_anchor": ("dflash", 4, 48, 0, None, ["sliding_attention", "full_attention"], 3, False, True),
-    "dflash_zlab_layout": ("dflash", 4, V, 0, None, ["full_attention"], None, False, False),  # refused by us, by name
+    "dflash_zlab_layout": ("dflash", 4, V, 0, None, ["full_attention"], None, False, False),
+    "dspark_rnn_zlab_layout": ("dspark", 4, 40, 4, "rnn", ["full_attention", "sliding_attention"], 3, False, False),
 }
 
 
@@ -162,24 +164,29 @@ def _reference(model) -> dict[str, torch.Tensor]:
             conf = conf_head(feats)
         return bias, conf
 
+    first = 0 if model.config.sample_from_anchor else 1  # z-lab layout: the anchor slot drafts nothing
     with torch.no_grad():
-        prev = x["input_ids"][0, idx].view(a, b)  # teacher forcing: slot k's previous token is x_{p+k}
+        tokens = x["input_ids"][0, idx].view(a, b)  # x_{p..p+B-1}
+        # teacher forcing, as speculators' DSpark forward: slot k's previous token is x_{p+k} (x_{p+k-1} without
+        # sample_from_anchor, where slot k predicts x_{p+k})
+        prev = tokens if first == 0 else torch.cat([tokens[:, :1], tokens[:, :-1]], 1)
         bias, conf = heads(prev)
         out["teacher_forced_logits"] = logits + bias
         if conf is not None:
             out["teacher_forced_conf_logits"] = conf
-        # greedy drafting: slot k's previous token is the anchor, then the drafter's own argmax tokens
+        # greedy drafting: the first draft slot's previous token is the anchor, then the drafter's own argmax tokens
         drafted = prev.clone()
         d2t = model.d2t if model.d2t is not None else torch.zeros(logits.shape[-1], dtype=torch.long)
-        for k in range(b):
+        picks = []
+        for k in range(first, b):
             bias, conf = heads(drafted)
             pick = (logits + bias)[:, k].argmax(-1)
+            picks.append(pick + d2t[pick])
             if k + 1 < b:
-                drafted[:, k + 1] = pick + d2t[pick]
-            last = pick + d2t[pick]
-        out["greedy_drafts"] = torch.cat([drafted[:, 1:], last[:, None]], 1)
+                drafted[:, k + 1] = picks[-1]
+        out["greedy_drafts"] = torch.stack(picks, 1)
         if conf is not None:
-            out["greedy_conf_logits"] = conf
+            out["greedy_conf_logits"] = conf[:, first:]
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -207,7 +214,7 @@ def stage_speculators() -> None:
             folder = OUT / name
             shutil.rmtree(folder, ignore_errors=True)
             _build(name, case, verifier, folder)
-            meta["cases"][name] = _record(folder) if case[-1] else {"refused_by_hf_dspark": "sample_from_anchor=False"}
+            meta["cases"][name] = _record(folder)
             _portable(folder)
         (OUT / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
@@ -248,28 +255,50 @@ def stage_roundtrip(folder: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------------- hf_dspark side
 def stage_export(folder: Path) -> None:
-    """An hf_dspark drafter (reduced vocabulary, a sliding and a full layer, gated head) exported to speculators."""
+    """An hf_dspark drafter with a reduced vocabulary chosen from the data's token counts, a sliding and a full layer
+    and a gated head, trained a few steps here (hf_dspark.training), exported with `export_speculators`."""
     from safetensors.torch import load_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from hf_dspark import DSparkConfig, DSparkDrafter
     from hf_dspark.checkpoints import export_speculators
+    from hf_dspark.training.trainer import Trainer, TrainConfig, build_drafter, choose_draft_vocab
 
-    target = Qwen3ForCausalLM(Qwen3Config(**json.loads((OUT / "verifier_config.json").read_text()))).eval()
+    torch.manual_seed(7)
+    target = Qwen3ForCausalLM(Qwen3Config(**json.loads((OUT / "verifier_config.json").read_text()))).float().eval()
     weights = load_file(str(OUT / "verifier.safetensors"))
     with torch.no_grad():
         target.model.embed_tokens.weight.copy_(weights["model.embed_tokens.weight"])
         target.lm_head.weight.copy_(weights["lm_head.weight"])
-    torch.manual_seed(7)
-    cfg = DSparkConfig.from_target(
-        target.config, mask_token_id=MASK, target_layer_ids=[t - 1 for t in TAPS], num_hidden_layers=2, block_size=4,
-        markov_rank=8, markov_head_type="gated", draft_vocab_size=40, layer_types=["sliding_attention", "full_attention"],
-        sliding_window=4)
-    drafter = DSparkDrafter(cfg).eval().bind(target)
-    with torch.no_grad():
-        for p in drafter.parameters():
-            p.copy_(0.3 * torch.randn_like(p))
-    drafter.set_draft_vocab(torch.randperm(V - 1)[:40].sort().values)
+
+    class Sequences:  # TokenDataset's interface: (input_ids [T], loss_mask [T]); no cached taps
+        def __init__(self, n: int) -> None:
+            g = torch.Generator().manual_seed(11)
+            self.rows = [torch.randint(0, MASK // 2, (40,), generator=g) for _ in range(n)]  # tokens < 31 only
+
+        def __len__(self) -> int:
+            return len(self.rows)
+
+        def __getitem__(self, i: int):
+            mask = torch.ones(len(self.rows[i]), dtype=torch.bool)
+            mask[:8] = False  # the "prompt"
+            return self.rows[i], mask
+
+        def cached_hidden(self, i: int):
+            return None
+
+    data = Sequences(12)
+    ids, coverage = choose_draft_vocab(data, 40, V)
+    print(f"draft vocabulary: 40 of {V} tokens, {coverage:.1%} of the response tokens")
+    drafter = build_drafter(
+        target, None, draft_token_ids=ids, init_from_target=False, mask_token_id=MASK,
+        target_layer_ids=[t - 1 for t in TAPS], num_hidden_layers=2, block_size=4, markov_rank=8,
+        markov_head_type="gated", layer_types=["sliding_attention", "full_attention"], sliding_window=4)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(drafter, target, data, TrainConfig(data_dir=tmp, out_dir=tmp, max_steps=20, num_anchors=8,
+                                                             lr=3e-3, eval_sequences=2), log=lambda *a, **k: None)
+        losses = [trainer.train_step() for _ in range(20)]
+    print(f"trained 20 steps: loss {losses[0].get('loss', float('nan')):.3f} -> {losses[-1].get('loss', float('nan')):.3f}")
+    drafter.eval()
     shutil.rmtree(folder, ignore_errors=True)
     export_speculators(drafter, folder)
 

@@ -2,7 +2,8 @@
 scripts/make_speculators_fixtures.py in speculators' venv) load here and compute what speculators computes: draft
 logits, Markov-corrected and confidence logits (teacher-forced), greedy drafts -- through the drafting path (one
 anchor at a time, the drafter's context cache) and through the training packing (all anchors in one pass). Also the
-round trip: an hf_dspark export that speculators loaded and ran. speculators itself is never imported."""
+round trip: a reduced-vocabulary drafter trained here, exported, that speculators loaded and ran. speculators itself
+is never imported."""
 
 from __future__ import annotations
 
@@ -46,9 +47,18 @@ def close(got: torch.Tensor, want: torch.Tensor) -> None:
     assert float((got.float() - want.float()).abs().max()) <= TOL
 
 
+def teacher_prev(ids: torch.Tensor, p: int, drafter: DSparkDrafter) -> torch.Tensor:
+    """Slot k's previous token under teacher forcing: x_{p+k}, or x_{p+k-1} in the z-lab layout (whose slot k
+    predicts x_{p+k}; its anchor slot sees the anchor) -- speculators' DSpark forward."""
+    b = drafter.config.block_slots
+    tokens = ids[p : p + b]
+    return tokens if drafter.config.sample_from_anchor else torch.cat([tokens[:1], tokens[:-1]])
+
+
 def test_every_layout_is_covered():
     assert {"dspark_vanilla_full_vocab", "dspark_gated_reduced_vocab", "dspark_rnn_reduced_vocab_noncausal",
-            "dspark_default_layout", "dflash_sample_from_anchor", "roundtrip_hf_dspark_export"} <= set(CASES)
+            "dspark_default_layout", "dflash_sample_from_anchor", "dflash_zlab_layout", "dspark_rnn_zlab_layout",
+            "roundtrip_hf_dspark_export"} <= set(CASES)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -57,7 +67,9 @@ def test_config_translation(name, verifier):
     raw = json.loads((FIXTURES / name / "config.json").read_text())
     cfg = drafter.config
     layer = raw["transformer_layer_config"]
-    assert cfg.block_size == raw["block_size"] and cfg.target_layer_ids == [i - 1 for i in raw["aux_hidden_state_layer_ids"]]
+    assert cfg.block_slots == raw["block_size"] and cfg.sample_from_anchor == raw["sample_from_anchor"]
+    assert cfg.block_size == raw["block_size"] - (0 if raw["sample_from_anchor"] else 1)  # drafts per round
+    assert cfg.target_layer_ids == [i - 1 for i in raw["aux_hidden_state_layer_ids"]]
     assert drafter.draft_vocab_size == raw["draft_vocab_size"]
     if layer.get("use_sliding_window") and "sliding_attention" in layer.get("layer_types", []):
         assert cfg.layer_types == layer["layer_types"] and cfg.sliding_window == layer["sliding_window"]
@@ -76,7 +88,7 @@ def test_drafting_path_matches_speculators(name, verifier):
         ctx = DraftContext(drafter)
         ctx.append(taps[:, :p], torch.arange(p)[None])
         kv = ctx.kv()
-        b = drafter.config.block_size
+        b = drafter.config.block_slots
         block = torch.full((1, b), drafter.config.mask_token_id)
         block[0, 0] = ids[p]
         positions = p + torch.arange(b)[None]
@@ -85,7 +97,7 @@ def test_drafting_path_matches_speculators(name, verifier):
             hidden = drafter.block_hidden(block, positions, kv, mask)[0]  # [B, H]
             base = drafter.base_logits(hidden)
             close(base, ref["draft_logits"][a])
-            prev = ids[p : p + b]
+            prev = teacher_prev(ids, p, drafter)
             logits = base
             if drafter.markov_head is not None:
                 logits = base + drafter.markov_head.block_bias(prev, hidden)
@@ -103,17 +115,18 @@ def test_training_packing_matches_speculators(name, verifier):
     """All anchors in one packed pass (hf_dspark.training.packing), sliding layers included."""
     drafter, ref = load_case(name, verifier)
     ids, taps, anchors = ref["input_ids"], ref["hidden_states"], ref["anchors"]
-    t, b = ids.shape[1], drafter.config.block_size
+    t, b = ids.shape[1], drafter.config.block_slots
     packed = pack_blocks(ids, torch.ones_like(ids, dtype=torch.bool), anchors[None], b, drafter.config.mask_token_id)
+    prev = torch.stack([teacher_prev(ids[0], p, drafter) for p in anchors.tolist()])  # [A, B]
     with torch.no_grad():
         kv = drafter.context_kv(drafter.context_features(taps), torch.arange(t)[None])
         hidden = drafter.block_hidden(packed.block_ids, packed.positions, kv, packed.mask).view(len(anchors), b, -1)
         close(drafter.base_logits(hidden), ref["draft_logits"])
         if drafter.markov_head is not None:
-            bias = drafter.markov_head.block_bias(packed.prev_ids[0], hidden)
+            bias = drafter.markov_head.block_bias(prev, hidden)
             close(drafter.base_logits(hidden) + bias, ref["teacher_forced_logits"])
         if "teacher_forced_conf_logits" in ref:
-            close(drafter.confidence_logit(hidden, packed.prev_ids[0]), ref["teacher_forced_conf_logits"])
+            close(drafter.confidence_logit(hidden, prev), ref["teacher_forced_conf_logits"])
 
 
 def test_the_sliding_window_matters_in_these_fixtures(verifier):
@@ -127,11 +140,6 @@ def test_the_sliding_window_matters_in_these_fixtures(verifier):
         kv = drafter.context_kv(drafter.context_features(taps), torch.arange(ids.shape[1])[None])
         hidden = drafter.block_hidden(packed.block_ids, packed.positions, kv, packed.mask).view(len(anchors), b, -1)
         assert float((drafter.base_logits(hidden) - ref["draft_logits"]).abs().max()) > 0.1
-
-
-def test_zlab_dflash_layout_is_refused_by_name(verifier):
-    with pytest.raises(ValueError, match="sample_from_anchor=False"):
-        DSparkDrafter.from_pretrained(FIXTURES / "dflash_zlab_layout", target=verifier)
 
 
 def test_export_writes_what_speculators_loaded(verifier, tmp_path):
