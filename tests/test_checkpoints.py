@@ -448,3 +448,34 @@ def test_deepspec_export_refuses_what_it_cannot_express(tmp_path):
         target.config, mask_token_id=255, layer_types=["sliding_attention"], sliding_window=16)).bind(target)
     with pytest.raises(ValueError, match="export_deepspec cannot write sliding_attention layers"):
         export_deepspec(sliding, tmp_path)
+
+
+@pytest.mark.parametrize("fmt", ["hf_dspark", "speculators"])
+def test_reduced_vocab_sliding_zlab_drafter_round_trips_in_both_formats(tmp_path, fmt):
+    """Our format stores the vocabulary part under speculators' names (d2t, t2d, lm_head over D rows, W2 over D);
+    both formats reload the same drafter, layer layout and block layout included."""
+    target = make_tiny_target()
+    cfg = DSparkConfig.from_target(target.config, mask_token_id=255, draft_vocab_size=100, num_hidden_layers=2,
+                                   layer_types=["sliding_attention", "full_attention"], sliding_window=12,
+                                   sample_from_anchor=False, block_size=5)
+    torch.manual_seed(0)
+    drafter = DSparkDrafter(cfg).bind(target)
+    drafter.set_draft_vocab(torch.randperm(255)[:100])
+    drafter.save_pretrained(tmp_path, format=fmt)
+    reloaded = DSparkDrafter.from_pretrained(tmp_path, target=target)
+    assert_same_parameters(reloaded, drafter.state_dict())
+    for name in ("draft_vocab_size", "layer_types", "sliding_window", "sliding_window_non_causal", "sample_from_anchor",
+                 "block_size", "block_slots"):
+        assert getattr(reloaded.config, name) == getattr(cfg, name), name
+    stored = set(safe_open_keys(tmp_path / "model.safetensors"))
+    assert {"d2t", "t2d", "lm_head.weight", "markov_head.markov_w2.weight"} <= stored and "embed_tokens.weight" not in stored
+    if fmt == "speculators":
+        raw = json.loads((tmp_path / "config.json").read_text())
+        assert (raw["block_size"], raw["sample_from_anchor"], raw["draft_vocab_size"]) == (6, False, 100)
+
+
+def safe_open_keys(path):
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return list(f.keys())
