@@ -1,6 +1,7 @@
 """Build tests/fixtures/speculators/: tiny checkpoints written by speculators' own classes and their reference outputs.
 
-One command regenerates everything (speculators lives in its own venv, see docs/ENVIRONMENT.md):
+One command regenerates everything (speculators lives in its own venv; tests/fixtures/speculators/README.md says how
+to make it):
 
     .venv/bin/python scripts/make_speculators_fixtures.py [--speculators-python /work/spec-venv/bin/python]
 
