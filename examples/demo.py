@@ -4,9 +4,9 @@
    with plain `generate()`.
 2. Speed, in the dtype this CPU multiplies fastest (bf16 with avx512_bf16/AMX, else fp32): a math, a code and a
    chat prompt, greedy, with `model.generate(..., assistant_model=drafter)` and with plain `generate()`, each timed
-   once after a warm-up in the same run. The DSpark scheduler decides at every step how many drafts to verify (0:
-   a plain step) from this device's step-time table; on first use the demo profiles the table and caches it where
-   `generate()` looks for it.
+   once after a warm-up in the same run, DSpark both verifying the full block and with the DSpark scheduler, which
+   decides at every step how many drafts to verify (0: a plain step) from this device's step-time table; on first
+   use the demo profiles the table and caches it where `generate()` looks for it.
 Prints the texts, tau, the acceptance per draft position and the speedups; writes `outputs/demo_acceptance.png`.
 """
 
@@ -48,21 +48,25 @@ def main() -> int:
     model, tok = load_target(TARGET, dtype=dtype)
     drafter = hf_dspark.DSparkDrafter.from_pretrained(default_drafter(), target=model)
     scheduler = drafter.confidence_head is not None and has_step_table(model)  # it reads the drafter's confidences
-    policy = "the DSpark scheduler" if scheduler else "the full block at every step"
-    print(f"\n2. Speed ({name(dtype)}, greedy, batch 1, {MAX_NEW_TOKENS} new tokens): DSpark verifying with {policy}, "
-          "against plain generate().")
+    policies = {"the full block": False, "the DSpark scheduler": True} if scheduler else {"the full block": False}
+    print(f"\n2. Speed ({name(dtype)}, greedy, batch 1, {MAX_NEW_TOKENS} new tokens): DSpark verifying "
+          f"{' / '.join(policies)} at every step, against plain generate().")
     print("   acceptance per draft position k: P(draft k accepted | drafts before it accepted), over the steps that "
           "verified it; '-': no step verified a draft there\n")
-    plain_total = spec_total = 0.0
+    plain_total, spec_total = 0.0, dict.fromkeys(policies, 0.0)
     taus, accept, differs = [], [], False
     for label, prompt in PROMPTS.items():
         enc = tok(chat(tok, prompt), return_tensors="pt")
-        kw = dict(max_new_tokens=MAX_NEW_TOKENS, do_sample=False, adaptive_verification=scheduler)
-        model.generate(**enc, **kw, assistant_model=drafter)  # warm-up (the scheduler also learns this device's prices)
         t_plain, ref = timed(lambda: model.generate(**enc, max_new_tokens=MAX_NEW_TOKENS, do_sample=False))
-        t_spec, out = timed(lambda: model.generate(**enc, **kw, assistant_model=drafter))
-        stats = drafter.last_stats
-        plain_total, spec_total = plain_total + t_plain, spec_total + t_spec
+        times, shown = {}, None
+        for policy, adaptive in policies.items():
+            kw = dict(max_new_tokens=MAX_NEW_TOKENS, do_sample=False, adaptive_verification=adaptive)
+            model.generate(**enc, **kw, assistant_model=drafter)  # warm-up (the scheduler also learns this device's prices)
+            times[policy], out = timed(lambda: model.generate(**enc, **kw, assistant_model=drafter))
+            spec_total[policy] += times[policy]
+            shown = shown or (out, drafter.last_stats)  # text and acceptance of the full block
+        out, stats = shown
+        plain_total += t_plain
         taus.append(stats.mean_accepted_length)
         accept.append(stats.per_position_acceptance)
         prompt_len = enc["input_ids"].shape[1]
@@ -71,15 +75,15 @@ def main() -> int:
         print(f"=== {label}: {prompt}")
         print(tok.decode(out[0, prompt_len:], skip_special_tokens=True).strip())
         acceptance = " ".join("-" if math.isnan(a) else f"{a:.2f}" for a in stats.per_position_acceptance)
-        print(f"--- tau {stats.mean_accepted_length:.2f} | acceptance per position {acceptance} | drafted in "
-              f"{stats.drafted_steps} of {stats.steps} steps")
-        print(f"--- plain {t_plain:.2f} s, DSpark {t_spec:.2f} s: {t_plain / t_spec:.2f}x | same text as plain "
-              "generate(): " + ("yes\n" if same is None else f"no, from new token {same + 1} on\n"))
-    print(
-        f"overall: DSpark ({policy}) {spec_total:.2f} s against plain generate() {plain_total:.2f} s for 3 x "
-        f"{MAX_NEW_TOKENS} new tokens: {plain_total / spec_total:.2f}x ({name(dtype)}, {torch.get_num_threads()} "
-        "threads, greedy, batch 1, one timed run each after a warm-up: a few percent either way is noise)"
-    )
+        print(f"--- full block: tau {stats.mean_accepted_length:.2f} | acceptance per position {acceptance} | same text "
+              "as plain generate(): " + ("yes" if same is None else f"no, from new token {same + 1} on"))
+        print(f"--- plain {t_plain:.2f} s; " + "; ".join(f"{p} {t:.2f} s: {t_plain / t:.2f}x" for p, t in times.items()) + "\n")
+    for policy, total in spec_total.items():
+        print(
+            f"overall: DSpark with {policy} {total:.2f} s against plain generate() {plain_total:.2f} s for 3 x "
+            f"{MAX_NEW_TOKENS} new tokens: {plain_total / total:.2f}x ({name(dtype)}, {torch.get_num_threads()} threads, "
+            "greedy, batch 1, one timed run each after a warm-up: a few percent either way is noise)"
+        )
     if differs and dtype == torch.float32:
         print("in fp32 DSpark must be token-identical to plain generate(): please report this as a bug")
     elif differs:
