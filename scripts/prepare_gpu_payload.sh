@@ -40,7 +40,7 @@ TRANSFORMERS_VERSION="${TRANSFORMERS_VERSION:-5.24.0}"
 GPU="$REPO/.gpu"
 BUILD="$GPU/build"
 WHL="$REPO/.whl"
-FORMAT=1  # bump when the payload layout changes (forces a rebuild)
+FORMAT=2  # bump when the payload layout changes (forces a rebuild)
 
 die() { echo "prepare_gpu_payload: $*" >&2; exit 1; }
 [ -x "$PY" ] || die "no python at $PY (make install, or set PYTHON)"
@@ -133,7 +133,7 @@ random.Random(0).shuffle(order)  # heldout_prompts(n) takes the last n of this o
 chosen = [prompts[i] for i in order[: len(order) - 256] if len(prompts[i]) <= 4000][:n]
 with open(stage / "prompts.jsonl", "w") as f:
     for p in chosen:
-        f.write(json.dumps({"text": p}, ensure_ascii=False) + "\n")
+        f.write(json.dumps({"text": p}) + "\n")  # ASCII escapes: read_prompts splits on U+2028 etc. too
 digest = hashlib.sha256()
 with open(gguf, "rb") as f:
     while chunk := f.read(1 << 24):

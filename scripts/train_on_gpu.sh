@@ -3,12 +3,13 @@
 # it back (issue 22, item 5). Runs ON the device machine; the payload comes from scripts/prepare_gpu_payload.sh.
 #
 # HOW TO RUN (from a session whose task is lent a device; `status` says can_start_another: true)
-#   1. here:  scripts/prepare_gpu_payload.sh     -> .gpu/part1 .. .gpu/partN (N = 3 today) and the exact calls
+#   1. here:  scripts/prepare_gpu_payload.sh     -> .gpu/part1 .. .gpu/partN and the exact calls (N = 3 with a
+#      24 MiB working tree, 4 with the 36 MiB one a two-layer drafter in model_cards/ makes: every call carries it)
 #   2. the `device` tool, back to back (the machine stays warm only 30 s after a call, and the parts wait in its
 #      /tmp/dspark_payload, which a fresh machine does not have):
 #        run(command="bash scripts/train_on_gpu.sh", carry=[".gpu/part1"], timeout_s=120)
-#        run(command="bash scripts/train_on_gpu.sh", carry=[".gpu/part2"], timeout_s=120)
-#        run(command="bash scripts/train_on_gpu.sh", carry=[".gpu/part3"], timeout_s=600)
+#        ... one call per part ...
+#        run(command="bash scripts/train_on_gpu.sh", carry=[".gpu/partN"], timeout_s=600)
 #      Each call stores its part (sha256-checked) and returns in seconds; the call that completes the set runs the
 #      whole job and fills $OUT. If a call reports missing parts, the machine went cold in between: start again at
 #      part 1 (the job itself never starts on an incomplete payload). Device time: ~1-2 min machine start + ~20 s
@@ -45,10 +46,11 @@
 #   a drafter folder, e.g. model_cards/dspark-smollm2-135m-instruct, continues one (its own architecture)]
 #   STASH [/tmp/dspark_payload]  PARTS_DIR [<repo>/.gpu]  HF_DSPARK_DEVICE [cuda if available, else cpu]
 #
-# CPU TEST (no GPU needed; tiny budget, low priority; see docs/training.md):
-#   nice -n 19 env PYTHON=.venv/bin/python OUT=/tmp/gpuout STASH=/tmp/gpustash HF_DSPARK_CACHE=/tmp/gpucache \
-#     TRAIN_MINUTES=1 STEPS=20 BATCH=1 GEN_SECONDS=60 GEN_PROMPTS=8 GEN_BATCH=8 GEN_MAX_NEW=32 EVAL_PROMPTS=1 \
-#     EVAL_MAX_NEW=16 TOTAL_MINUTES=20 bash scripts/train_on_gpu.sh
+# CPU TEST (no GPU needed; tiny budget, low priority; PARTS_DIR simulates one carried part per call: see
+# docs/training.md; HF_DSPARK_CACHE=/tmp/x would also convert the target from the carried GGUF):
+#   nice -n 19 env PYTHON=.venv/bin/python OUT=/tmp/gpuout STASH=/tmp/gpustash PARTS_DIR=/tmp/gpusim/parts \
+#     TRAIN_MINUTES=1 STEPS=20 BATCH=1 GEN_SECONDS=900 GEN_PROMPTS=8 GEN_BATCH=8 GEN_MAX_NEW=32 EVAL_PROMPTS=1 \
+#     EVAL_MAX_NEW=16 EVAL_SETS=gsm8k,mtbench TOTAL_MINUTES=90 bash scripts/train_on_gpu.sh
 set -uo pipefail
 
 T0=$(date +%s)
@@ -168,14 +170,16 @@ if [ -n "$need" ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$W/site" $need >>"$LOG" 2>&1 \
         || die "pip install of the carried wheels failed"
 fi
-"$PY" -c 'import torch, transformers, gguf, hf_dspark.kernels, hf_dspark.training.cli
-print("python", __import__("sys").version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__,
-      "cuda", torch.cuda.is_available() and torch.cuda.get_device_name())' 2>&1 | tee -a "$LOG"
-[ "${PIPESTATUS[0]}" -eq 0 ] || die "hf_dspark does not import with the carried packages"
+versions=$("$PY" -c 'import os, sys, torch, transformers, gguf, hf_dspark.kernels, hf_dspark.training.cli
+d = os.environ.get("HF_DSPARK_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+print(int(d.startswith("cuda")), "python", sys.version.split()[0], "torch", torch.__version__, "transformers",
+      transformers.__version__, "device", d, torch.cuda.is_available() and torch.cuda.get_device_name())' 2>>"$LOG") \
+    || die "hf_dspark does not import with the carried packages (see run.log)"
+CUDA="${versions%% *}"
+log "${versions#* }"
 CLI=("$PY" "$REPO/scripts/gpu_cli.py" cli)
-CUDA=$("$PY" -c 'import os, torch; d = os.environ.get("HF_DSPARK_DEVICE"); print(int((d or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")))')
 [ "$CUDA" = 1 ] || log "no CUDA here: running on the CPU (a test; the budgets above are for an H200)"
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader >>"$LOG" 2>&1 || true
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader >>"$LOG" 2>&1
 
 # ------------------------------------------------------------------ 3. the target
 log "converting the target from the carried GGUF (once per machine)"
