@@ -224,7 +224,7 @@ if [ -z "${STEPS:-}" ]; then
             >>"$LOG" 2>&1 || die "the probe run failed (see run.log)"
         read -r sps startup < <("$PY" -c 'import json, sys; h = json.load(open(sys.argv[1]))
 a = next(e for e in h if e["step"] >= 10); b = h[-1]
-print(round((b["train_seconds"] - a["train_seconds"]) / max(1, b["step"] - a["step"]), 4),
+print(max(0.005, round((b["train_seconds"] - a["train_seconds"]) / max(1, b["step"] - a["step"]), 4)),
       max(10, int(float(sys.argv[2]) - b["train_seconds"])))' "$RUN/probe/history.json" $(($(date +%s) - p0)))
         [ -n "$sps" ] || die "the probe wrote no usable history"
         log "probe: ${sps}s per step of $BATCH sequences; ~${startup}s outside the steps (start, evals, save)"
