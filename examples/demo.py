@@ -80,7 +80,7 @@ def main() -> int:
         print(f"--- plain {t_plain:.2f} s; " + "; ".join(f"{p} {t:.2f} s: {t_plain / t:.2f}x" for p, t in times.items()) + "\n")
     for policy, total in spec_total.items():
         print(
-            f"overall: DSpark with {policy} {total:.2f} s against plain generate() {plain_total:.2f} s for 3 x "
+            f"overall: DSpark with {policy} {total:.2f} s against plain generate() {plain_total:.2f} s for {len(PROMPTS)} x "
             f"{MAX_NEW_TOKENS} new tokens: {plain_total / total:.2f}x ({name(dtype)}, {torch.get_num_threads()} threads, "
             "greedy, batch 1, one timed run each after a warm-up: a few percent either way is noise)"
         )
