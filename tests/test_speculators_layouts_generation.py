@@ -1,7 +1,7 @@
-"""Generation with a reduced-vocabulary drafter (speculators' draft_vocab_size D < V) stays exact: greedy output equals
-plain generate() token for token (batch 1 and ragged; fused sampler and the general path), and sampled output
-follows the target's joint distribution although the drafter gives zero mass to most of the vocabulary (the
-residual max(0, p - q) supplies those tokens)."""
+"""Generation with speculators' layouts stays exact. A reduced-vocabulary drafter (draft_vocab_size D < V): greedy
+output equals plain generate() token for token (batch 1 and ragged; fused sampler and the general path), and sampled
+output follows the target's joint distribution although the drafter gives zero mass to most of the vocabulary (the
+residual max(0, p - q) supplies those tokens). Sliding-window layers and the z-lab block layout: greedy exact."""
 
 from __future__ import annotations
 
@@ -35,6 +35,18 @@ def test_greedy_identical_with_a_reduced_vocabulary(tiny_target, path, batch):
     draft_ids = torch.tensor((seen + rest)[:96])
     kw = dict(markov_rank=16) if path == "fused" else dict(markov_rank=16, markov_head_type="gated")
     drafter = reduced_drafter(tiny_target, draft_ids, **kw)
+    out = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None, assistant_model=drafter)
+    assert torch.equal(out, ref)
+    assert drafter.last_stats.drafted_steps > 0
+
+
+@pytest.mark.parametrize("head", ["vanilla", "rnn"])
+def test_greedy_identical_with_sliding_layers_and_the_zlab_layout(tiny_target, head):
+    enc = ragged_batch(256)
+    ref = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    drafter = reduced_drafter(tiny_target, torch.arange(3, 203), markov_head_type=head, num_hidden_layers=2,
+                              layer_types=["sliding_attention", "full_attention"], sliding_window=6,
+                              sample_from_anchor=False, block_size=5)
     out = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None, assistant_model=drafter)
     assert torch.equal(out, ref)
     assert drafter.last_stats.drafted_steps > 0
