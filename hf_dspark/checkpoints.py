@@ -25,6 +25,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .configuration import LAYER_TYPES, DSparkConfig
+from .draft_vocab import check_draft_maps
 from .io_utils import atomic_path, write_json_atomic
 
 if TYPE_CHECKING:
@@ -324,8 +325,6 @@ def _normalise_names(state: dict[str, torch.Tensor], config: DSparkConfig) -> di
 
 def check_vocab_maps(files: list[Path], config: DSparkConfig) -> None:
     """A reduced-vocabulary checkpoint's d2t/t2d: present, and valid for its config (read alone, before the weights)."""
-    from .modeling import check_draft_maps
-
     maps: dict[str, torch.Tensor] = {}
     for path in files:
         with safe_open(str(path), framework="pt") as f:

@@ -21,7 +21,9 @@ from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.utils import logging
 
+from .checkpoints import load_drafter, save_drafter
 from .configuration import DSparkConfig
+from .draft_vocab import check_draft_maps
 
 logger = logging.get_logger(__name__)
 
@@ -221,32 +223,6 @@ def sliding_window_mask(mask: torch.Tensor, num_queries: int, window: int, non_c
     if not non_causal:
         blk = blk & torch.ones(num_queries, num_queries, dtype=torch.bool, device=mask.device).tril()
     return torch.cat([ctx, blk], dim=-1)
-
-
-def check_draft_maps(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int, draft_vocab_size: int) -> None:
-    """Validate speculators-style vocabulary maps: d2t [D] integer offsets (target id = draft id + d2t[draft id]),
-    t2d [V] bool marking the same target ids. Raises a ValueError naming the field."""
-    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool or tuple(d2t.shape) != (draft_vocab_size,):
-        raise ValueError(
-            f"d2t must be an integer tensor of shape [draft_vocab_size={draft_vocab_size}], got {d2t.dtype} "
-            f"{tuple(d2t.shape)}; the checkpoint's vocabulary maps do not match its config."
-        )
-    ids = torch.arange(draft_vocab_size, device=d2t.device) + d2t.long()
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ValueError(f"d2t maps draft ids outside the target vocabulary [0, {vocab_size}); the maps are corrupt.")
-    if torch.unique(ids).numel() != ids.numel():
-        raise ValueError("d2t maps two draft ids to the same target id; each draft token must be a distinct target token.")
-    if t2d is None:
-        return
-    if t2d.dtype != torch.bool or tuple(t2d.shape) != (vocab_size,):
-        raise ValueError(
-            f"t2d must be a bool tensor of shape [vocab_size={vocab_size}], got {t2d.dtype} {tuple(t2d.shape)}; "
-            "the checkpoint's vocabulary maps do not match its config."
-        )
-    mark = torch.zeros(vocab_size, dtype=torch.bool, device=t2d.device)
-    mark[ids.to(t2d.device)] = True
-    if not torch.equal(mark, t2d):
-        raise ValueError("t2d and d2t disagree on which target tokens are draftable; the maps are corrupt.")
 
 
 class DSparkDrafter(PreTrainedModel):
@@ -495,8 +471,6 @@ class DSparkDrafter(PreTrainedModel):
             dtype: parameter dtype (default: the target's dtype, else float32).
             revision, cache_dir, token, local_files_only: forwarded to the Hub download.
         """
-        from .checkpoints import load_drafter
-
         if model_args:
             raise TypeError("DSparkDrafter.from_pretrained takes the path and keyword arguments only.")
         return load_drafter(cls, pretrained_model_name_or_path, target=target, **kwargs)
@@ -504,6 +478,4 @@ class DSparkDrafter(PreTrainedModel):
     def save_pretrained(self, save_directory: str, **kwargs: Any) -> None:  # type: ignore[override]
         """Write our format atomically: config.json, model.safetensors (no shared embeddings), calibration.json,
         and a `custom_generate/` folder so the folder also works as `generate(custom_generate=folder)`."""
-        from .checkpoints import save_drafter
-
         save_drafter(self, save_directory, **kwargs)

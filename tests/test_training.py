@@ -423,3 +423,12 @@ def test_self_distillation_with_rows_leaving_matches_plain_generate(tiny):
                              do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
         cut = next((i + 1 for i, t in enumerate(ref) if t == model.generation_config.eos_token_id), len(ref))
         assert p == prompt and resp == ref[:cut]
+
+
+def test_a_zlab_layout_drafter_is_refused_for_training(tiny, data_dir, tmp_path):
+    model, tok = tiny
+    drafter = tiny_drafter(model)
+    drafter.config.sample_from_anchor = False
+    cfg = TrainConfig(str(data_dir), str(tmp_path / "o"), max_steps=1, eval_every=0, eval_sequences=0)
+    with pytest.raises(ValueError, match="sample_from_anchor=False"):
+        Trainer(drafter, model, TokenDataset(data_dir, model, tok), cfg, pad_id=0, log=lambda *_: None)

@@ -213,6 +213,11 @@ class Trainer:
         export=None,
         accelerator=None,
     ) -> None:
+        if not getattr(drafter.config, "sample_from_anchor", True):
+            raise ValueError(
+                "Training supports the DSpark block layout only (sample_from_anchor=True: the anchor slot drafts); this "
+                "drafter uses the z-lab DFlash layout (sample_from_anchor=False). Train a fresh drafter instead of --init."
+            )
         self.drafter, self.target, self.data, self.cfg, self.log = drafter, target, dataset, config, log
         # how the model is written next to each checkpoint (default: save_pretrained into <out>/drafter)
         self.export = export or (lambda out: drafter.save_pretrained(str(out / "drafter")))
