@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+import _sampling
 from conftest import make_tiny_drafter, make_tiny_target
 from scipy.stats import chisquare
 from transformers import pipeline
@@ -319,18 +320,7 @@ V_SMALL, N_TOKENS, SAMPLES = 6, 3, 6000
 
 def exact_joint(model, prompt: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
     """P(x1, x2, x3 | prompt) of plain sampling with the same warpers, over all V^3 continuations."""
-    warp = [TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k)]
-    seqs = torch.tensor(list(itertools.product(range(V_SMALL), repeat=N_TOKENS)))
-    full = torch.cat([prompt.expand(seqs.shape[0], -1), seqs], dim=1)
-    with torch.no_grad():
-        logits = model(full).logits[:, prompt.shape[1] - 1 : -1].float()
-    logp = torch.zeros(seqs.shape[0])
-    for k in range(N_TOKENS):
-        scores = logits[:, k]
-        for w in warp:
-            scores = w(full, scores)
-        logp += torch.log_softmax(scores, -1).gather(1, seqs[:, k : k + 1]).squeeze(1)
-    return logp.exp()
+    return _sampling.exact_joint(model, prompt, [TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k)], V_SMALL, N_TOKENS)
 
 
 def sample_counts(model, prompt, **kw) -> torch.Tensor:

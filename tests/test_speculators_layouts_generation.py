@@ -5,10 +5,10 @@ residual max(0, p - q) supplies those tokens). Sliding-window layers and the z-l
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch
+import _sampling
 from conftest import make_tiny_drafter, make_tiny_target
 from scipy.stats import chisquare
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
@@ -56,17 +56,7 @@ V_SMALL, N_TOKENS, SAMPLES = 6, 3, 6000
 
 
 def exact_joint(model, prompt, warpers) -> torch.Tensor:
-    seqs = torch.tensor(list(itertools.product(range(V_SMALL), repeat=N_TOKENS)))
-    full = torch.cat([prompt.expand(seqs.shape[0], -1), seqs], dim=1)
-    with torch.no_grad():
-        logits = model(full).logits[:, prompt.shape[1] - 1 : -1].float()
-    logp = torch.zeros(seqs.shape[0])
-    for k in range(N_TOKENS):
-        scores = logits[:, k]
-        for w in warpers:
-            scores = w(full, scores)
-        logp += torch.log_softmax(scores, -1).gather(1, seqs[:, k : k + 1]).squeeze(1)
-    return logp.exp()
+    return _sampling.exact_joint(model, prompt, warpers, V_SMALL, N_TOKENS)
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
