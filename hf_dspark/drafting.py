@@ -84,8 +84,8 @@ def draft_block(
         noise,
         draft_ids=drafter.draft_target_ids(),
     )
-    if q is not None and cfg.reduced_vocab:  # verification reads q over the target vocabulary: 0 outside the drafter's
-        q = q.new_zeros((*q.shape[:-1], cfg.vocab_size)).index_copy_(-1, drafter.draft_target_ids(), q)
+    if q is not None:  # verification reads q over the target vocabulary: 0 outside the drafter's
+        q = drafter.to_target_vocab(q, fill=0.0)
     return Draft(tokens, q, conf_logits)
 
 

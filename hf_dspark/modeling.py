@@ -294,8 +294,9 @@ class DSparkDrafter(PreTrainedModel):
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
         """Choose the draft vocabulary: target_ids [D] distinct target ids (draft id i proposes target_ids[i])."""
         ids = torch.as_tensor(target_ids, dtype=torch.long).flatten()
-        check_draft_maps(ids - torch.arange(ids.numel()), None, self.config.vocab_size, self.draft_vocab_size)
-        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+        d2t = ids - torch.arange(ids.numel(), device=ids.device)
+        check_draft_maps(d2t, None, self.config.vocab_size, self.draft_vocab_size)
+        self.d2t.copy_(d2t)
         self.t2d.zero_()
         self.t2d[ids] = True
 
@@ -314,13 +315,14 @@ class DSparkDrafter(PreTrainedModel):
         out[ids] = torch.arange(ids.numel(), device=ids.device)
         return out
 
-    def to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits [..., D] -> target-vocabulary logits [..., V], -inf where the drafter cannot propose
-        (so q = 0 there and verification's residual max(0, p - q) covers those tokens exactly)."""
+    def to_target_vocab(self, values: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
+        """Draft-vocabulary values [..., D] -> target vocabulary [..., V], `fill` where the drafter cannot propose:
+        -inf for logits, 0 for probabilities (q = 0 there, and verification's residual max(0, p - q) covers those
+        tokens exactly)."""
         if not self.config.reduced_vocab:
-            return logits
-        out = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        return out.index_copy_(-1, self.draft_target_ids(), logits)
+            return values
+        out = values.new_full((*values.shape[:-1], self.config.vocab_size), fill)
+        return out.index_copy_(-1, self.draft_target_ids(), values)
 
     # ------------------------------------------------------------------ target binding
     def bind(self, target: PreTrainedModel) -> "DSparkDrafter":

@@ -45,7 +45,7 @@ head = None
 if hasattr(T, "choose_draft_vocab"):
     ids, _ = T.choose_draft_vocab(ds, vocab_size, model.config.vocab_size, [model.generation_config.eos_token_id])
     drafter = T.build_drafter(model, tok, draft_token_ids=ids, **shape)
-    head = model.get_output_embeddings().weight.detach()[drafter.draft_target_ids()].contiguous()
+    head = T.target_head_rows(drafter, model)
     weights = LossWeights()
 else:
     drafter = T.build_drafter(model, tok, **shape)

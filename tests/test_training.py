@@ -404,6 +404,8 @@ def test_conversations_as_written_mask_exactly_the_assistant_turns(tiny, tmp_pat
     manifest = make_data_as_written(model, tok, read * 3, tmp_path / "aw", max_tokens=12, sequences_per_shard=2, log=lambda *_: None)
     ds = TokenDataset(tmp_path / "aw", model, tok)
     assert len(manifest["shards"]) == 2 and len(ds) == 3 and all(len(ds[i][0]) == 12 for i in range(3))
+    with pytest.raises(DataError, match="holds another data set"):  # never overwrite other data
+        make_data_as_written(model, tok, read, tmp_path / "aw", max_tokens=20, log=lambda *_: None)
 
 
 def test_self_distillation_with_rows_leaving_matches_plain_generate(tiny):

@@ -66,9 +66,9 @@ def _make_data_as_written(args) -> int:
     if not args.no_decontaminate:
         first = [c[0]["content"] for c in conversations]
         kept = set(decontaminate(first)[0])
-        dropped = len(conversations)
+        before = len(conversations)
         conversations = [c for c in conversations if c[0]["content"] in kept]
-        print(f"[make-data] {len(conversations)} conversations ({dropped - len(conversations)} dropped as GSM8K/HumanEval/MT-Bench-like)")
+        print(f"[make-data] {len(conversations)} conversations ({before - len(conversations)} dropped as GSM8K/HumanEval/MT-Bench-like)")
     if args.max_prompts:
         conversations = conversations[: args.max_prompts]
     model, tok = _load(args)
@@ -112,12 +112,13 @@ def _add_make_data(sub) -> None:
 
 # ------------------------------------------------------------------------------------------- train
 def _train(args) -> int:
-    from ..modeling import DSparkDrafter
-    from .data import TokenDataset
-    from .losses import LossWeights
     import torch
 
-    from .trainer import TrainConfig, Trainer, bf16_is_native, build_drafter, choose_draft_vocab, plot_learning_curve
+    from ..modeling import DSparkDrafter
+    from ..targets import fast_dtype
+    from .data import TokenDataset
+    from .losses import LossWeights
+    from .trainer import TrainConfig, Trainer, build_drafter, choose_draft_vocab, plot_learning_curve
 
     model, tok = _load(args)
     accelerator = None
@@ -164,7 +165,7 @@ def _train(args) -> int:
         batch_size=args.batch_size,
         warmup_ratio=args.warmup_ratio,
         grad_clip=args.grad_clip,
-        bf16_autocast=bf16_is_native(model.device) if args.bf16_autocast == "auto" else args.bf16_autocast == "on",
+        bf16_autocast=fast_dtype(model.device) == torch.bfloat16 if args.bf16_autocast == "auto" else args.bf16_autocast == "on",
         losses=weights,
     )
     n = sum(p.numel() for p in drafter.parameters() if p.requires_grad)

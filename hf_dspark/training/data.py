@@ -470,24 +470,31 @@ def make_data_as_written(
     training labels come from the target's own forward over the text, so the data needs no target outputs; the
     written continuations only differ from the target's own in what the drafter's later block slots condition on."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     order = list(range(len(conversations)))
     random.Random(seed).shuffle(order)
     settings = {"as_written": True, "max_tokens": max_tokens, "seed": seed, "sequences_per_shard": sequences_per_shard}
+    if (out / MANIFEST).is_file() and json.loads((out / MANIFEST).read_text()).get("settings") != settings:
+        raise DataError(f"{out} holds another data set (other settings or a make-data run); use a new --out.")
+    out.mkdir(parents=True, exist_ok=True)
     manifest = {
         "format_version": FORMAT_VERSION, "target_id": target_id(model), "tokenizer_hash": tokenizer_hash(tokenizer),
         "settings": settings, "num_prompts_total": len(conversations), "next_prompt": 0, "skipped_long_prompts": 0,
         "shards": [],
     }
     for start in range(0, len(order), sequences_per_shard):
-        chunk = [conversation_sequence(tokenizer, conversations[i], max_tokens) for i in order[start : start + sequences_per_shard]]
-        seqs = [(ids[: m.index(1)], ids[m.index(1) :]) for ids, m in chunk if 1 in m]
+        stop = min(len(order), start + sequences_per_shard)
+        seqs, masks = [], []  # (prompt, rest) split at the first assistant token; the loss mask over the rest
+        for i in order[start:stop]:
+            ids, mask = conversation_sequence(tokenizer, conversations[i], max_tokens)
+            if 1 in mask:
+                cut = mask.index(1)
+                seqs.append((ids[:cut], ids[cut:]))
+                masks.append(mask[cut:])
         name = f"shard-{len(manifest['shards']):05d}.safetensors"
-        masks = [m[m.index(1) :] for _, m in chunk if 1 in m]
         num_tokens = _write_shard(out / name, seqs, masks)
-        manifest["shards"].append({"file": name, "prompt_range": [start, start + len(chunk)], "num_sequences": len(seqs),
+        manifest["shards"].append({"file": name, "prompt_range": [start, stop], "num_sequences": len(seqs),
                                    "num_tokens": num_tokens, "num_response_tokens": sum(map(sum, masks))})
-        manifest["next_prompt"] = start + len(chunk)
+        manifest["next_prompt"] = stop
         write_json_atomic(out / MANIFEST, manifest)
         log(f"[make-data] {name}: {len(seqs)} conversations, {num_tokens} tokens")
     return manifest

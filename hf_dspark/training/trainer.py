@@ -69,18 +69,6 @@ def lr_lambda(step: int, total: int, warmup_ratio: float) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def bf16_is_native(device: torch.device) -> bool:
-    """Whether bf16 matrix products are fast here: CUDA, or a CPU with avx512_bf16 / AMX (elsewhere they are emulated
-    and slower than fp32)."""
-    if device.type == "cuda":
-        return True
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def freeze_target(target: PreTrainedModel) -> None:
     target.eval()
     for p in target.parameters():
@@ -106,15 +94,21 @@ def build_drafter(
     if draft_token_ids is not None:
         drafter.set_draft_vocab(draft_token_ids)
     with torch.no_grad():
-        head = target.get_output_embeddings().weight
-        if drafter.lm_head is not None and cfg.reduced_vocab:
-            drafter.lm_head.weight.copy_(head[drafter.draft_target_ids()].float())
+        if cfg.reduced_vocab:
+            drafter.lm_head.weight.copy_(target_head_rows(drafter, target).float())
         final_norm = getattr(target.get_decoder(), "norm", None)
         if final_norm is not None and getattr(final_norm, "weight", None) is not None and final_norm.weight.shape == drafter.norm.weight.shape:
             drafter.norm.weight.copy_(final_norm.weight.float())
         if init_from_target:
             init_from_target_layers(drafter, target)
     return drafter.bind(target)
+
+
+def target_head_rows(drafter: DSparkDrafter, target: PreTrainedModel) -> torch.Tensor:
+    """[D, H] the target's lm_head rows of the drafter's draft vocabulary (the whole head, cut to V, when not reduced)."""
+    head = target.get_output_embeddings().weight.detach()
+    ids = drafter.draft_target_ids()
+    return (head[ids] if ids is not None else head[: drafter.draft_vocab_size]).contiguous()
 
 
 def init_from_target_layers(drafter: DSparkDrafter, target: PreTrainedModel) -> None:
@@ -185,8 +179,7 @@ def drafter_step_outputs(
             lin = where[0] * t + packed.target_pos[where]  # [S]
             uniq, inverse = torch.unique(lin, return_inverse=True)
             if target_head is None:
-                target_head = target.get_output_embeddings().weight
-                target_head = target_head[drafter.draft_target_ids()] if cfg.reduced_vocab else target_head[: drafter.draft_vocab_size]
+                target_head = target_head_rows(drafter, target)
             logits = final.reshape(n * t, -1)[uniq].to(target_head.dtype) @ target_head.T  # [U, D]
             ids, probs = sparse_target(logits, top_k)
             sparse = (ids[inverse], probs[inverse])
@@ -244,9 +237,7 @@ class Trainer:
         self.history: list[dict] = []
         self.out = Path(config.out_dir)
         self.state_path = self.out / "checkpoint" / STATE_FILE
-        head = target.get_output_embeddings().weight.detach()
-        ids = drafter.draft_target_ids()
-        self.target_head = (head[ids] if ids is not None else head[: drafter.draft_vocab_size]).contiguous()  # [D, H]
+        self.target_head = target_head_rows(drafter, target)  # [D, H], gathered once
         self._eval_features: dict[int, tuple] = {}  # held-out sequence -> (taps, final), computed once
 
     # ---------------------------------------------------------------- data order
