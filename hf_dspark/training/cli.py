@@ -140,6 +140,9 @@ def _train(args) -> int:
             print("[train] dropping the --init drafter's calibration.json; run `hf-dspark calibrate` on the result")
     else:
         draft_ids = None
+        if args.draft_vocab_size is not None and args.draft_vocab_size <= 0:
+            raise SystemExit(f"--draft-vocab-size {args.draft_vocab_size} must be a positive number of tokens (e.g. 8192); "
+                             "leave it out for the target's full vocabulary.")
         if args.draft_vocab_size:
             vocab = model.config.get_text_config().vocab_size
             eos = model.generation_config.eos_token_id
