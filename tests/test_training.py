@@ -1,5 +1,6 @@
 """Training: losses by hand, the packed attention mask, exact resume, data shards and bad input."""
 
+import collections
 import copy
 import errno
 import json
@@ -14,7 +15,7 @@ from hf_dspark.training.cli import add_subcommands
 from hf_dspark.training.data import DataError, GenerationSettings, TokenDataset, make_data, read_prompts
 from hf_dspark.training.losses import LossWeights, dspark_losses, expected_tau, sparse_target
 from hf_dspark.training.packing import pack_blocks, pad_batch, sample_anchors
-from hf_dspark.training.trainer import TrainConfig, Trainer
+from hf_dspark.training.trainer import TrainConfig, Trainer, lr_lambda
 
 PROMPTS = ["hello there", "abc def", "x y z", "qq rr", "one two three", "the cat sat", "foo bar", "lorem ipsum"]
 
@@ -190,7 +191,40 @@ def test_resume_with_other_max_steps_is_refused(tiny, data_dir, tmp_path):
         other.load_checkpoint()
 
 
+def test_a_time_spanned_schedule_follows_training_time_and_ends_the_run(tiny, data_dir, tmp_path):
+    model, tok = tiny
+    tr = _trainer(model, tok, data_dir, tmp_path / "s", schedule_minutes=1.0, warmup_ratio=0.25)
+    tr.cfg.max_steps = 1000  # a cap far away: the time decides
+    assert tr.schedule_step(3) == 3 and not tr.schedule_done()
+    tr.elapsed = 30.0  # half the training time spent: the cosine is past its warmup, at the schedule's middle
+    assert tr.schedule_step(3) == 500
+    lr = lr_lambda(tr.schedule_step(3), 1000, 0.25)
+    assert 0.0 < lr < 1.0 and abs(lr - 0.5 * (1 + math.cos(math.pi * 250 / 750))) < 1e-9
+    tr.elapsed = 60.0
+    assert tr.schedule_done() and tr.run(progress=False)["step"] == 0  # spent: no further step
+    tr.save_checkpoint()
+    other = _trainer(model, tok, data_dir, tmp_path / "s", schedule_minutes=2.0)
+    other.cfg.max_steps = 1000
+    with pytest.raises(ValueError, match="--schedule-minutes"):
+        other.load_checkpoint()
+
+
 # ------------------------------------------------------------------------------------------------ data
+def test_a_weighted_data_dir_repeats_its_sequences_per_epoch_but_never_the_held_out_ones(tiny, data_dir, tmp_path):
+    model, tok = tiny
+    ds = TokenDataset(f"{data_dir},{data_dir}:3", model, tok)
+    n = len(ds) // 2
+    assert ds.repeats == [1] * n + [3] * n
+    cfg = TrainConfig(str(data_dir), str(tmp_path / "w"), max_steps=2, eval_sequences=2)
+    tr = Trainer(tiny_drafter(model), model, ds, cfg, pad_id=0, log=lambda *_: None)
+    counts = collections.Counter(tr.train_index)
+    assert all(counts[i] == 1 for i in range(n)) and all(counts[i] == 3 for i in range(n, 2 * n - 2))
+    assert tr.eval_index == [2 * n - 2, 2 * n - 1] and not set(tr.eval_index) & set(counts)
+    for bad in ("0", "x", "-2"):
+        with pytest.raises(DataError, match="whole number >= 1"):
+            TokenDataset(f"{data_dir}:{bad}", model, tok)
+
+
 def test_make_data_resumes_without_duplicates_or_holes(tiny, tmp_path):
     model, tok = tiny
     s = GenerationSettings(max_new_tokens=6, batch_size=2, prompts_per_shard=2)
@@ -383,6 +417,26 @@ def test_reduced_vocab_drafter_trains_saves_and_reloads_its_maps(tiny, data_dir,
     drafter.save_pretrained(str(tmp_path / "saved"))
     back = DSparkDrafter.from_pretrained(str(tmp_path / "saved"), target=model)
     assert back.config.draft_vocab_size == 20 and torch.equal(back.draft_target_ids(), ids)
+
+
+def test_remapping_the_draft_vocab_keeps_learned_rows_and_starts_new_ones_from_the_target(tiny, data_dir):
+    from hf_dspark.training.trainer import build_drafter, remap_draft_vocab
+
+    model, tok = tiny
+    old_ids = torch.arange(10, 30)
+    drafter = build_drafter(model, tok, draft_token_ids=old_ids, markov_rank=16, target_layer_ids=[1, 3])
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(0.01 * torch.randn_like(p))  # "trained": every row differs from its init
+    new_ids = torch.arange(20, 44)  # 10 tokens shared (20..29), 14 new
+    new = remap_draft_vocab(drafter, model, new_ids)
+    assert new.config.draft_vocab_size == 24 and torch.equal(new.draft_target_ids(), new_ids)
+    assert torch.equal(new.lm_head.weight[:10], drafter.lm_head.weight[10:])
+    assert torch.equal(new.lm_head.weight[10:], model.lm_head.weight[30:44].float())
+    w2_new, w2_old = new.markov_head.markov_w2.weight, drafter.markov_head.markov_w2.weight
+    assert torch.equal(w2_new[:10], w2_old[10:]) and not w2_new[10:].any()
+    assert torch.equal(new.fc.weight, drafter.fc.weight) and torch.equal(new.layers[0].mlp.up_proj.weight, drafter.layers[0].mlp.up_proj.weight)
+    assert torch.equal(new.confidence_head.proj.weight, drafter.confidence_head.proj.weight)
 
 
 def test_conversations_as_written_mask_exactly_the_assistant_turns(tiny, tmp_path):

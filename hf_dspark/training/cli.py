@@ -13,6 +13,7 @@ import sys
 def _add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="smollm2-135m-instruct", help="known target name or a local HF model folder")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="target dtype (default bfloat16)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)")
 
 
 def _load(args):
@@ -21,7 +22,16 @@ def _load(args):
     from ..targets import load_target
 
     torch.manual_seed(getattr(args, "seed", 0))
-    return load_target(args.target, dtype=getattr(torch, args.dtype))
+    device = getattr(args, "device", "auto")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(device)
+    except RuntimeError as err:
+        raise SystemExit(f"--device {device!r} is not a torch device ({err}); use cpu, cuda or cuda:N.") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {device} asked for CUDA, but this torch build sees no GPU; use --device cpu.")
+    return load_target(args.target, dtype=getattr(torch, args.dtype), device=device)
 
 
 # ------------------------------------------------------------------------------------------- make-data
@@ -118,7 +128,7 @@ def _train(args) -> int:
     from ..targets import fast_dtype
     from .data import TokenDataset
     from .losses import LossWeights
-    from .trainer import TrainConfig, Trainer, build_drafter, choose_draft_vocab, plot_learning_curve
+    from .trainer import TrainConfig, Trainer, build_drafter, choose_draft_vocab, plot_learning_curve, remap_draft_vocab
 
     model, tok = _load(args)
     accelerator = None
@@ -132,24 +142,30 @@ def _train(args) -> int:
         weights = LossWeights.dflash() if args.dflash else LossWeights.paper()
     else:
         weights = LossWeights(args.ce_weight, args.l1_weight, 0.0 if args.dflash else args.bce_weight, args.decay, args.kl_weight)
+    draft_ids = None
+    if args.draft_vocab_size is not None and args.draft_vocab_size <= 0:
+        raise SystemExit(f"--draft-vocab-size {args.draft_vocab_size} must be a positive number of tokens (e.g. 8192); "
+                         "leave it out for the target's full vocabulary.")
+    if args.draft_vocab_size:
+        vocab = model.config.get_text_config().vocab_size
+        eos = model.generation_config.eos_token_id
+        always = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+        draft_ids, coverage = choose_draft_vocab(data, args.draft_vocab_size, vocab, always)
+        print(f"[train] draft vocabulary: the {draft_ids.numel()} most frequent response tokens of the data cover "
+              f"{100 * coverage:.2f}% of its response tokens (of {vocab} target tokens)")
     if args.init:
         # fp32 master weights whatever the target's dtype (bf16 weights lose every AdamW update below their resolution)
         drafter = DSparkDrafter.from_pretrained(args.init, target=model, dtype=torch.float32)
         if drafter.calibration is not None:  # training moves the confidence head: the old temperatures no longer fit
             drafter.calibration = None
             print("[train] dropping the --init drafter's calibration.json; run `hf-dspark calibrate` on the result")
+        if draft_ids is not None:  # keep what the drafter learned, propose the data's vocabulary from now on
+            old = drafter.draft_target_ids()
+            shared = draft_ids.numel() if old is None else int(torch.isin(draft_ids, old.cpu()).sum())
+            drafter = remap_draft_vocab(drafter, model, draft_ids)
+            print(f"[train] --init drafter remapped to the new draft vocabulary: {shared} of its {draft_ids.numel()} "
+                  "tokens keep their trained rows, the rest start from the target's lm_head")
     else:
-        draft_ids = None
-        if args.draft_vocab_size is not None and args.draft_vocab_size <= 0:
-            raise SystemExit(f"--draft-vocab-size {args.draft_vocab_size} must be a positive number of tokens (e.g. 8192); "
-                             "leave it out for the target's full vocabulary.")
-        if args.draft_vocab_size:
-            vocab = model.config.get_text_config().vocab_size
-            eos = model.generation_config.eos_token_id
-            always = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
-            draft_ids, coverage = choose_draft_vocab(data, args.draft_vocab_size, vocab, always)
-            print(f"[train] draft vocabulary: the {draft_ids.numel()} most frequent response tokens of the data cover "
-                  f"{100 * coverage:.2f}% of its response tokens (of {vocab} target tokens)")
         drafter = build_drafter(
             model,
             tok,
@@ -188,7 +204,11 @@ def _train(args) -> int:
 def _add_loop_args(p, *, max_steps: int, lr: float, eval_every: int, eval_sequences: int) -> None:
     """The training-loop options `train` and `finetune` share (defaults differ)."""
     p.add_argument("--max-steps", type=int, default=max_steps, help="optimizer steps (fixes the cosine schedule)")
-    p.add_argument("--time-budget-min", type=float, default=None, help="checkpoint and stop after this many minutes")
+    p.add_argument("--time-budget-min", type=float, default=None,
+                   help="checkpoint and stop after this many wall-clock minutes (the schedule is not shortened)")
+    p.add_argument("--schedule-minutes", type=float, default=None,
+                   help="the warmup + cosine span this many minutes of training time, whatever the step rate; the "
+                   "run ends when they are spent (--max-steps stays a cap). Resumes continue the same schedule")
     p.add_argument("--num-anchors", type=int, default=128, help="blocks (anchors) per sequence")
     p.add_argument("--lr", type=float, default=lr)
     p.add_argument("--seed", type=int, default=0)
@@ -202,6 +222,8 @@ def _loop_config(args) -> dict:
     """TrainConfig fields from the shared loop options."""
     import time
 
+    if args.schedule_minutes is not None and args.schedule_minutes <= 0:
+        raise SystemExit(f"--schedule-minutes {args.schedule_minutes} must be a positive number of minutes.")
     return dict(
         data_dir=args.data,
         out_dir=args.out,
@@ -213,6 +235,7 @@ def _loop_config(args) -> dict:
         eval_every=args.eval_every,
         eval_sequences=args.eval_sequences,
         stop_at=time.time() + 60 * args.time_budget_min if args.time_budget_min else None,
+        schedule_minutes=args.schedule_minutes,
     )
 
 

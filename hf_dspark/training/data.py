@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..generation import cache_kwarg
 from ..io_utils import atomic_path, write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -284,8 +285,9 @@ def _decode_batch(model, prompts: list[list[int]], settings: GenerationSettings,
     live = list(range(n))  # batch row -> prompt index
     out: list[list[int]] = [[] for _ in range(n)]
     step_ids, step_pos = ids, pos
+    cache_arg = {cache_kwarg(model): cache}  # "cache" from transformers 5.24 ("past_key_values" is deprecated there)
     for _ in range(settings.max_new_tokens):
-        logits = model(input_ids=step_ids, attention_mask=att, position_ids=step_pos, past_key_values=cache, use_cache=True).logits[:, -1].float()
+        logits = model(input_ids=step_ids, attention_mask=att, position_ids=step_pos, use_cache=True, **cache_arg).logits[:, -1].float()
         if settings.do_sample:
             nxt = torch.multinomial(torch.softmax(warpers(None, logits), -1), 1).squeeze(1)
         else:
@@ -506,16 +508,23 @@ class TokenDataset:
 
     Several directories (a list, or a comma-separated string as on the command line) are read in order, e.g. a
     first make-data run and a later one over the next prompts; each is checked against the target and tokenizer.
+    A directory written `path:N` (N a whole number >= 1) weighs N times in training: each of its sequences appears
+    N times per epoch (`repeats`), e.g. `as-written,self-distilled:3` to lean on the smaller, better-matched set.
     """
 
     def __init__(self, data_dir: str | Path | list[str | Path], model: PreTrainedModel | None = None, tokenizer=None) -> None:
         if isinstance(data_dir, str):
             data_dir = data_dir.split(",")
-        dirs = [Path(d) for d in data_dir] if isinstance(data_dir, list) else [Path(data_dir)]
+        specs = [_weighted_dir(str(d)) for d in data_dir] if isinstance(data_dir, list) else [_weighted_dir(str(data_dir))]
+        dirs = [d for d, _ in specs]
         self.ids: list[torch.Tensor] = []
         self.masks: list[torch.Tensor] = []
         self.where: list[tuple[Path, int, int]] = []  # (directory, shard, row) per sequence
-        manifests = [self._read(d, model, tokenizer) for d in dirs]
+        self.repeats: list[int] = []  # times per training epoch, per sequence
+        manifests = []
+        for directory, weight in specs:
+            manifests.append(self._read(directory, model, tokenizer))
+            self.repeats += [weight] * (len(self.ids) - len(self.repeats))
         self.dir, self.manifest = dirs[0], manifests[0]  # the first directory (what cache_hidden_states writes to)
         if not self.ids:
             raise DataError(f"{', '.join(map(str, dirs))} holds no sequences yet; let `hf-dspark make-data` commit at least one shard.")
@@ -558,6 +567,16 @@ class TokenDataset:
         t = load_file(str(path))
         off = t["offsets"].tolist()
         return t["taps"][off[r] : off[r + 1]], t["final"][off[r] : off[r + 1]]
+
+
+def _weighted_dir(spec: str) -> tuple[Path, int]:
+    """'path' -> (path, 1); 'path:N' -> (path, N) for a whole N >= 1 (a path that exists as written wins)."""
+    head, sep, tail = spec.rpartition(":")
+    if not sep or Path(spec).exists() or not head:
+        return Path(spec), 1
+    if not tail.isdigit() or int(tail) < 1:
+        raise DataError(f"--data {spec!r}: the weight after ':' must be a whole number >= 1 (times per epoch), e.g. {head}:3.")
+    return Path(head), int(tail)
 
 
 def storage_estimate_bytes(num_tokens: int, num_taps: int, hidden_size: int) -> int:

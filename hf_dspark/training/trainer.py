@@ -57,6 +57,7 @@ class TrainConfig:
     eval_every: int = 100  # steps between held-out evaluations (0 = only at the end)
     eval_sequences: int = 8  # last sequences of the data held out from training
     stop_at: float | None = None  # unix time: checkpoint and stop (the schedule is not shortened)
+    schedule_minutes: float | None = None  # the warmup + cosine span this much training time (max_steps: a cap)
     losses: LossWeights = field(default_factory=LossWeights)
 
 
@@ -127,16 +128,42 @@ def init_from_target_layers(drafter: DSparkDrafter, target: PreTrainedModel) -> 
 
 
 def choose_draft_vocab(dataset: TokenDataset, size: int, vocab_size: int, always: list[int] = ()) -> tuple[torch.Tensor, float]:
-    """The `size` most frequent response tokens of the data (plus `always`, e.g. EOS), sorted; returns (ids [D],
-    the fraction of response tokens they cover)."""
+    """The `size` most frequent response tokens of the data as trained on (a `dir:N` directory counts N times; plus
+    `always`, e.g. EOS), sorted; returns (ids [D], the fraction of those response tokens they cover)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for i in range(len(dataset)):
         ids, mask = dataset[i]
-        counts += torch.bincount(ids[mask], minlength=vocab_size)[:vocab_size]
+        counts += dataset.repeats[i] * torch.bincount(ids[mask], minlength=vocab_size)[:vocab_size]
     boost = counts.clone()
     boost[list(always)] = counts.max() + 1
     ids = boost.topk(min(size, vocab_size)).indices.sort().values
     return ids, float(counts[ids].sum()) / max(1, int(counts.sum()))
+
+
+@torch.no_grad()
+def remap_draft_vocab(drafter: DSparkDrafter, target: PreTrainedModel, draft_token_ids: torch.Tensor) -> DSparkDrafter:
+    """A copy of a trained drafter that proposes `draft_token_ids` [D'] instead: tokens it already had keep their
+    lm_head and Markov-bias rows; new ones start as a fresh drafter's do (the target's lm_head rows, no Markov bias).
+    Everything else (layers, fc, norms, the confidence head, the Markov head's input side) is kept."""
+    cfg = DSparkConfig.from_dict({**drafter.config.to_dict(), "draft_vocab_size": int(draft_token_ids.numel())})
+    new = DSparkDrafter(cfg).float()
+    new.set_draft_vocab(draft_token_ids)
+    old_ids = drafter.draft_target_ids()
+    old_ids = torch.arange(drafter.draft_vocab_size) if old_ids is None else old_ids.cpu()
+    new_ids = new.draft_target_ids()
+    state = {k: v for k, v in drafter.state_dict().items() if not k.startswith(("lm_head.", "markov_head.markov_w2.", "d2t", "t2d"))}
+    missing, unexpected = new.load_state_dict(state, strict=False)
+    assert not unexpected, unexpected
+    new.lm_head.weight.copy_(target_head_rows(new, target).float())
+    where = torch.full((cfg.vocab_size,), -1, dtype=torch.long)
+    where[old_ids] = torch.arange(old_ids.numel())
+    old_row = where[new_ids]  # [D'] the old draft id of each new one, -1 where new
+    kept = old_row >= 0
+    new.lm_head.weight[kept] = drafter.lm_head.weight[old_row[kept]].float()
+    if cfg.markov_rank:
+        new.markov_head.markov_w2.weight.zero_()
+        new.markov_head.markov_w2.weight[kept] = drafter.markov_head.markov_w2.weight[old_row[kept]].float()
+    return new.bind(target)
 
 
 def drafter_step_outputs(
@@ -225,20 +252,32 @@ class Trainer:
         drafter.train()
         self.params = [p for p in drafter.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
+        self.elapsed = 0.0  # training seconds (saved in checkpoints; a time-spanned schedule reads it)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_lambda(s, config.max_steps, config.warmup_ratio)
+            self.optimizer, lambda s: lr_lambda(self.schedule_step(s), config.max_steps, config.warmup_ratio)
         )
         n = len(dataset)
         held = min(config.eval_sequences, max(0, n - 1))
-        self.train_index = list(range(n - held))
+        self.train_index = [i for i in range(n - held) for _ in range(dataset.repeats[i])]  # `dir:N` weights
         self.eval_index = list(range(n - held, n))
         self.step, self.epoch, self.cursor = 0, 0, 0
-        self.tokens_seen, self.blocks_seen, self.elapsed = 0, 0, 0.0
+        self.tokens_seen, self.blocks_seen = 0, 0
         self.history: list[dict] = []
         self.out = Path(config.out_dir)
         self.state_path = self.out / "checkpoint" / STATE_FILE
         self.target_head = target_head_rows(drafter, target)  # [D, H], gathered once
         self._eval_features: dict[int, tuple] = {}  # held-out sequence -> (taps, final), computed once
+
+    # ---------------------------------------------------------------- schedule
+    def schedule_step(self, step: int) -> int:
+        """Where the lr schedule stands: `step`, or further along when it spans a training time (schedule_minutes),
+        so the cosine reaches 0 when that time is spent whatever the step rate."""
+        if not self.cfg.schedule_minutes:
+            return step
+        return max(step, int(self.cfg.max_steps * self.elapsed / (60.0 * self.cfg.schedule_minutes)))
+
+    def schedule_done(self) -> bool:
+        return self.step >= self.cfg.max_steps or self.schedule_step(self.step) >= self.cfg.max_steps
 
     # ---------------------------------------------------------------- data order
     def _order(self, epoch: int) -> list[int]:
@@ -382,6 +421,11 @@ class Trainer:
                 f"{self.state_path} was trained with --max-steps {state['train_config']['max_steps']}; "
                 "resume with the same value (the schedule depends on it) or use a new --out."
             )
+        if state["train_config"].get("schedule_minutes") != self.cfg.schedule_minutes:
+            raise ValueError(
+                f"{self.state_path} was trained with --schedule-minutes {state['train_config'].get('schedule_minutes')}; "
+                "resume with the same value (the schedule depends on it) or use a new --out."
+            )
         result = self.drafter.load_state_dict(state["drafter"], strict=False)
         if result.unexpected_keys:
             raise ValueError(
@@ -406,7 +450,7 @@ class Trainer:
         ema, stats = None, {}
         if not self.history and self.cfg.eval_every:
             self._record({})  # the untrained drafter: the learning curve starts at 0 tokens
-        while self.step < self.cfg.max_steps:
+        while not self.schedule_done():
             if self.cfg.stop_at is not None and time.time() >= self.cfg.stop_at:
                 self.log(f"[train] stop_at reached at step {self.step}; checkpoint saved")
                 break
