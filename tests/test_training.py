@@ -1,10 +1,13 @@
 """Training: losses by hand, the packed attention mask, exact resume, data shards and bad input."""
 
+import argparse
 import collections
 import copy
 import errno
 import json
 import math
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -180,6 +183,43 @@ def test_training_lowers_the_loss_and_writes_history_and_drafter(tiny, data_dir,
     assert (tmp_path / "t" / "drafter" / "model.safetensors").is_file()
 
 
+def test_a_pickled_trainer_checkpoint_of_an_earlier_version_is_refused_not_unpickled(tiny, data_dir, tmp_path, monkeypatch):
+    model, tok = tiny
+    tr = _trainer(model, tok, data_dir, tmp_path / "old")
+    legacy = tmp_path / "old" / "checkpoint" / "trainer_state.pt"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_bytes(b"\x80\x04 a pickle from an earlier version")
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load was called"))
+    with pytest.raises(ValueError, match="does not unpickle.*--init .*old/drafter"):
+        tr.load_checkpoint()
+    tr.train_step()
+    tr.save_checkpoint()  # the new format sits beside it and is what resumes
+    again = _trainer(model, tok, data_dir, tmp_path / "old")
+    assert again.load_checkpoint() and again.step == 1
+
+
+def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tiny, data_dir, tmp_path, monkeypatch):
+    from hf_dspark.training import trainer as trainer_mod
+
+    model, tok = tiny
+    tr = _trainer(model, tok, data_dir, tmp_path / "full")
+    tr.train_step()
+    tr.save_checkpoint()
+    tr.train_step()
+
+    def full_disk(tensors, path, metadata=None):
+        Path(path).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trainer_mod, "save_file", full_disk)
+    with pytest.raises(OSError, match="Disk full .* previous checkpoint is intact"):
+        tr.save_checkpoint()
+    monkeypatch.undo()
+    assert [p.name for p in (tmp_path / "full" / "checkpoint").iterdir()] == ["trainer_state.safetensors"]
+    again = _trainer(model, tok, data_dir, tmp_path / "full")
+    assert again.load_checkpoint() and again.step == 1
+
+
 def test_resume_with_other_max_steps_is_refused(tiny, data_dir, tmp_path):
     model, tok = tiny
     tr = _trainer(model, tok, data_dir, tmp_path / "r")
@@ -296,14 +336,21 @@ def test_prompt_readers_and_bad_prompt_files(tmp_path):
 
 
 def test_cli_registers_the_training_subcommands():
-    import argparse
-
     parser = argparse.ArgumentParser(prog="hf-dspark")
     add_subcommands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["train", "--data", "d", "--out", "o", "--dflash", "--max-steps", "5"])
     assert args.dflash and args.max_steps == 5 and args.func.__name__ == "_train"
     for cmd in ("make-data", "calibrate", "finetune", "eval-tau"):
         assert parser.parse_args([cmd, "--help"] if False else [cmd] + {"make-data": ["--prompts", "p", "--out", "o"], "calibrate": ["--drafter", "d"], "finetune": ["--drafter", "d", "--data", "x", "--out", "o"], "eval-tau": ["--drafter", "d"]}[cmd]).func
+
+
+def test_train_refuses_shape_options_beside_init_by_name(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_subcommands(parser.add_subparsers(dest="cmd"))
+    args = parser.parse_args(["train", "--data", str(tmp_path), "--out", str(tmp_path / "o"), "--init", str(tmp_path),
+                              "--layers", "2", "--dflash"])
+    with pytest.raises(SystemExit, match="--dflash, --layers describe a new drafter's shape; --init"):
+        args.func(args)
 
 
 # ------------------------------------------------------------------------------------------------ real target

@@ -130,6 +130,11 @@ def _train(args) -> int:
     from .losses import LossWeights
     from .trainer import TrainConfig, Trainer, build_drafter, choose_draft_vocab, plot_learning_curve, remap_draft_vocab
 
+    if args.init and (shaped := [f"--{k.replace('_', '-')}" for k, v in _SHAPE_DEFAULTS.items() if getattr(args, k) is not None]):
+        raise SystemExit(f"{', '.join(shaped)} describe a new drafter's shape; --init {args.init} already has one. Leave "
+                         "them out to continue that drafter (its config says its shape), or drop --init for a new one.")
+    for k, v in _SHAPE_DEFAULTS.items():
+        setattr(args, k, v if getattr(args, k) is None else getattr(args, k))
     model, tok = _load(args)
     accelerator = None
     if args.accelerate:
@@ -138,10 +143,6 @@ def _train(args) -> int:
         accelerator = Accelerator()
         model.to(accelerator.device)
     data = TokenDataset(args.data, model, tok)
-    if args.paper_losses:
-        weights = LossWeights.dflash() if args.dflash else LossWeights.paper()
-    else:
-        weights = LossWeights(args.ce_weight, args.l1_weight, 0.0 if args.dflash else args.bce_weight, args.decay, args.kl_weight)
     draft_ids = None
     if args.draft_vocab_size is not None and args.draft_vocab_size <= 0:
         raise SystemExit(f"--draft-vocab-size {args.draft_vocab_size} must be a positive number of tokens (e.g. 8192); "
@@ -179,6 +180,11 @@ def _train(args) -> int:
             mask_token_id=args.mask_token_id,
             target_model_id=args.target,
         )
+    dflash = drafter.config.markov_rank == 0  # --dflash, or an --init drafter without a Markov head
+    if args.paper_losses:
+        weights = LossWeights.dflash() if dflash else LossWeights.paper()
+    else:
+        weights = LossWeights(args.ce_weight, args.l1_weight, 0.0 if dflash else args.bce_weight, args.decay, args.kl_weight)
     cfg = TrainConfig(
         **_loop_config(args),
         batch_size=args.batch_size,
@@ -190,7 +196,7 @@ def _train(args) -> int:
     n = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     print(f"[train] {len(data)} sequences ({data.num_tokens} tokens), drafter {n / 1e6:.1f}M trainable parameters "
           f"(fp32 master weights, bf16 autocast {'on' if cfg.bf16_autocast else 'off'}), "
-          f"{'DFlash (no Markov head, no confidence head)' if args.dflash else 'DSpark'}, losses {weights}")
+          f"{'DFlash (no Markov head, no confidence head)' if dflash else 'DSpark'}, losses {weights}")
     drafter.to(model.device)
     trainer = Trainer(drafter, model, data, cfg, pad_id=tok.pad_token_id or 0, accelerator=accelerator)
     last = trainer.run(progress=not args.no_progress and trainer.rank == 0)
@@ -243,6 +249,11 @@ def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+# A new drafter's shape (None on the command line = not given; refused with --init, which brings its own).
+_SHAPE_DEFAULTS = {"dflash": False, "layers": 1, "block_size": 7, "markov_rank": 64, "markov_head_type": "vanilla",
+                   "target_layer_ids": None, "mask_token_id": None, "random_init": False}
+
+
 def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
@@ -255,12 +266,12 @@ def _add_train(sub) -> None:
     p.add_argument("--out", required=True, help="run directory: checkpoint/, drafter/, history.json, learning_curve.png")
     _add_target(p)
     p.add_argument("--init", default=None, help="start from this drafter folder instead of a fresh drafter")
-    p.add_argument("--dflash", action="store_true",
+    p.add_argument("--dflash", action="store_const", const=True, default=None,
                    help="the DFlash twin: markov_rank 0, no confidence head, the same distillation loss")
-    p.add_argument("--layers", type=int, default=1, help="drafter decoder layers")
-    p.add_argument("--block-size", type=int, default=7)
-    p.add_argument("--markov-rank", type=int, default=64)
-    p.add_argument("--markov-head-type", default="vanilla", choices=["vanilla", "gated", "rnn"])
+    p.add_argument("--layers", type=int, default=None, help="drafter decoder layers (default 1)")
+    p.add_argument("--block-size", type=int, default=None, help="drafts per block (default 7)")
+    p.add_argument("--markov-rank", type=int, default=None, help="Markov head rank (default 64)")
+    p.add_argument("--markov-head-type", default=None, choices=["vanilla", "gated", "rnn"], help="default vanilla")
     p.add_argument("--target-layer-ids", type=_int_list, default=None, help="comma-separated taps (default: spread 1..L-3)")
     p.add_argument("--mask-token-id", type=int, default=None, help="default: an unused vocab row found via the tokenizer")
     _add_loop_args(p, max_steps=1000, lr=6e-4, eval_every=100, eval_sequences=8)
@@ -270,7 +281,7 @@ def _add_train(sub) -> None:
     p.add_argument("--draft-vocab-size", type=int, default=None,
                    help="draft over the N most frequent response tokens of the data (speculators' reduced vocabulary; "
                    "the coverage is printed); default: the target's full vocabulary")
-    p.add_argument("--random-init", action="store_true",
+    p.add_argument("--random-init", action="store_const", const=True, default=None,
                    help="random drafter layers (default: start from the target's last layers, fc = identity on the last tap)")
     p.add_argument("--kl-weight", type=float, default=1.0, help="KL(target || draft) distillation loss")
     p.add_argument("--ce-weight", type=float, default=0.0, help="cross-entropy on the data's next tokens")

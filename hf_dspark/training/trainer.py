@@ -5,7 +5,7 @@ One step: a batch of sequences -> frozen target forward (taps + final hidden sta
 losses (losses.py) -> AdamW (warmup + cosine, grad clip) on the drafter's own weights (the target, its embeddings
 and lm_head stay frozen).
 
-Checkpoints (`<out>/checkpoint/trainer_state.pt`, atomic) hold the drafter weights, optimizer, scheduler, RNG
+Checkpoints (`<out>/checkpoint/trainer_state.safetensors`, atomic; tensors + JSON metadata, nothing pickled) hold the drafter weights, optimizer, scheduler, RNG
 states and the data position (epoch, cursor), so a killed run resumes exactly: the data order is a seeded
 permutation per epoch and each step's anchors come from a generator seeded by (seed, epoch, cursor).
 `<out>/drafter/` is the latest drafter in `save_pretrained` format; `<out>/history.json` the learning curve.
@@ -19,6 +19,7 @@ rank 0 writes checkpoints. Here it runs as one CPU process.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -28,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
 from ..configuration import DSparkConfig
@@ -37,7 +40,8 @@ from .data import TokenDataset, target_hidden
 from .losses import LossWeights, dspark_losses, expected_tau, sparse_target
 from .packing import PackedBlocks, pack_blocks, pad_batch, sample_anchors
 
-STATE_FILE = "trainer_state.pt"
+STATE_FILE = "trainer_state.safetensors"
+LEGACY_STATE_FILE = "trainer_state.pt"  # pickled by earlier versions: never loaded
 
 
 @dataclass
@@ -59,6 +63,48 @@ class TrainConfig:
     stop_at: float | None = None  # unix time: checkpoint and stop (the schedule is not shortened)
     schedule_minutes: float | None = None  # the warmup + cosine span this much training time (max_steps: a cap)
     losses: LossWeights = field(default_factory=LossWeights)
+
+
+def write_state(path: Path, state: dict) -> None:
+    """A trainer state (`Trainer.state_dict()`) as one safetensors file, atomically: the drafter's weights, the
+    optimizer's tensors and the torch RNG state as tensors, everything else as JSON in the metadata."""
+    tensors = {f"drafter.{k}": v.contiguous() for k, v in state["drafter"].items()}
+    opt = state["optimizer"]
+    per_param: dict[str, dict] = {}
+    for idx, slots in opt["state"].items():
+        per_param[str(idx)] = {}
+        for key, value in slots.items():
+            if torch.is_tensor(value):
+                tensors[f"optimizer.{idx}.{key}"] = value.detach().contiguous()
+            else:
+                per_param[str(idx)][key] = value
+    tensors["rng.torch"] = state["rng"]["torch"]
+    version, internal, gauss = state["rng"]["python"]
+    meta = {k: v for k, v in state.items() if k not in ("drafter", "optimizer", "rng")}
+    meta.update(optimizer={"param_groups": opt["param_groups"], "scalars": per_param},
+                rng_python=[version, list(internal), gauss])
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"trainer_state": json.dumps(meta)})
+
+
+def read_state(path: Path) -> dict:
+    """The inverse of `write_state` (no unpickling anywhere)."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["trainer_state"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    opt_state: dict[int, dict] = {int(i): dict(v) for i, v in meta["optimizer"]["scalars"].items()}
+    drafter = {}
+    for key, value in tensors.items():
+        kind, _, rest = key.partition(".")
+        if kind == "drafter":
+            drafter[rest] = value
+        elif kind == "optimizer":
+            idx, _, slot = rest.partition(".")
+            opt_state.setdefault(int(idx), {})[slot] = value
+    version, internal, gauss = meta.pop("rng_python")
+    optimizer = {"state": opt_state, "param_groups": meta.pop("optimizer")["param_groups"]}
+    return {**meta, "drafter": drafter, "optimizer": optimizer,
+            "rng": {"torch": tensors["rng.torch"], "python": (version, tuple(internal), gauss)}}
 
 
 def lr_lambda(step: int, total: int, warmup_ratio: float) -> float:
@@ -402,18 +448,29 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         if self.rank == 0:
-            with atomic_path(self.state_path) as tmp:
-                torch.save(self.state_dict(), tmp)
+            try:
+                write_state(self.state_path, self.state_dict())
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:
+                    raise OSError(exc.errno, f"Disk full while writing {self.state_path} (the previous checkpoint is "
+                                  "intact); free space and rerun the same command to resume from it.") from exc
+                raise
             self.export(self.out)
             write_json_atomic(self.out / "history.json", self.history)
         if self.acc is not None:
             self.acc.wait_for_everyone()
 
     def load_checkpoint(self) -> bool:
+        legacy = self.state_path.with_name(LEGACY_STATE_FILE)
+        if not self.state_path.is_file() and legacy.is_file():
+            raise ValueError(
+                f"{legacy} is a pickled checkpoint of an earlier hf_dspark, which this version does not unpickle; "
+                f"continue from its weights with a new run: --init {self.out / 'drafter'} --out <new folder>."
+            )
         if not self.state_path.is_file():
             return False
         try:
-            state = torch.load(self.state_path, weights_only=False)
+            state = read_state(self.state_path)
         except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same advice
             raise ValueError(f"{self.state_path} is unreadable ({exc}); delete it to restart training from scratch.") from None
         if state["train_config"]["max_steps"] != self.cfg.max_steps:
