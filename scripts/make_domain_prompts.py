@@ -90,6 +90,17 @@ def _function_stubs(root: Path) -> list[str]:
     return stubs
 
 
+def domain_prompts(math: int, code: int, seed: int = 0) -> list[str]:
+    """`math` word problems and up to `code` standard-library stubs, shuffled together (seeded)."""
+    rng = random.Random(seed)
+    problems = list(dict.fromkeys(_math_problem(rng) for _ in range(math * 2)))[:math]
+    stubs = _function_stubs(Path(sysconfig.get_paths()["stdlib"]))
+    rng.shuffle(stubs)
+    rows = problems + stubs[:code]
+    rng.shuffle(rows)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="JSONL file to write (text field)")
@@ -97,19 +108,14 @@ def main() -> None:
     p.add_argument("--code", type=int, default=1500, help="how many stdlib function stubs (at most what exists)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    rng = random.Random(args.seed)
-    math = list(dict.fromkeys(_math_problem(rng) for _ in range(args.math * 2)))[: args.math]
-    stubs = _function_stubs(Path(sysconfig.get_paths()["stdlib"]))
-    rng.shuffle(stubs)
-    rows = math + stubs[: args.code]
-    rng.shuffle(rows)
+    rows = domain_prompts(args.math, args.code, args.seed)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
     tmp.replace(out)
-    print(f"wrote {len(rows)} prompts to {out}: {len(math)} math word problems, {min(len(stubs), args.code)} of "
-          f"{len(stubs)} standard-library function stubs")
+    code = sum(r.startswith("def ") for r in rows)
+    print(f"wrote {len(rows)} prompts to {out}: {len(rows) - code} math word problems, {code} standard-library function stubs")
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ if [ ! -f "$DATA_AW/manifest.json" ]; then
     HF_HUB_OFFLINE=1 nice -n 19 "$PY" -m hf_dspark.training.cli make-data --as-written --prompts sharegpt --out "$DATA_AW"
 fi
 
-key="$( { echo "format $FORMAT prompts $NUM_PROMPTS"; stat -c '%n %s %Y' "$GGUF" "${WHEELS[@]}";
+key="$( { echo "format $FORMAT prompts $NUM_PROMPTS domain-v1"; sha256sum "$REPO/scripts/make_domain_prompts.py"; stat -c '%n %s %Y' "$GGUF" "${WHEELS[@]}";
           sha256sum "$DATA_AW"/manifest.json; stat -c '%s' "$DATA_AW"/*.safetensors; } | sha256sum | cut -c1-16)"
 PAYLOAD="$BUILD/payload.tar.xz"
 if [ -f "$PAYLOAD" ] && [ "$(cat "$BUILD/key" 2>/dev/null)" = "$key" ]; then
@@ -131,6 +131,12 @@ prompts, dropped = decontaminate(read_prompts("sharegpt"))
 order = list(range(len(prompts)))
 random.Random(0).shuffle(order)  # heldout_prompts(n) takes the last n of this order: keep the last 256 out
 chosen = [prompts[i] for i in order[: len(order) - 256] if len(prompts[i]) <= 4000][:n]
+# eval-like domains first among equals: math word problems and standard-library stubs alternate with ShareGPT turns
+sys.path.insert(0, str(repo / "scripts"))
+from make_domain_prompts import domain_prompts
+domain, _ = decontaminate(domain_prompts(math=1500, code=1500, seed=0))
+mixed = [p for pair in zip(domain, chosen) for p in pair] + chosen[len(domain):]
+chosen = mixed[:n]
 with open(stage / "prompts.jsonl", "w") as f:
     for p in chosen:
         f.write(json.dumps({"text": p}) + "\n")  # ASCII escapes: read_prompts splits on U+2028 etc. too
@@ -138,7 +144,6 @@ digest = hashlib.sha256()
 with open(gguf, "rb") as f:
     while chunk := f.read(1 << 24):
         digest.update(chunk)
-sys.path.insert(0, str(repo / "scripts"))
 from gpu_cli import tensor_digest
 target = target_folder("smollm2-135m-instruct")
 commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()

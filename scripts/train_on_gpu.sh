@@ -75,6 +75,7 @@ EVAL_MAX_NEW="${EVAL_MAX_NEW:-128}"
 EVAL_RESERVE_S="${EVAL_RESERVE_S:-120}"
 EVAL_SETS="${EVAL_SETS:-gsm8k,humaneval,mtbench}"
 INIT="${INIT:-}"
+SD_WEIGHT="${SD_WEIGHT:-3}"
 DEADLINE=$((T0 + $(awk -v m="$TOTAL_MINUTES" 'BEGIN { printf "%d", m * 60 }')))
 
 mkdir -p "$OUT" "$STASH" || exit 1
@@ -209,12 +210,14 @@ except OSError: d = {"shards": []}
 s = d["shards"]; print(sum(x["num_sequences"] for x in s), sum(x["num_response_tokens"] for x in s))' "$RUN/data-sd/manifest.json")
 read -r sd_seqs sd_tokens <<<"$sd"
 log "self-distilled: $sd_seqs sequences, $sd_tokens response tokens (make-data rc $rc; 124 = stopped at its time share)"
-[ "$sd_seqs" -gt 0 ] && DATA="$DATA,$RUN/data-sd"
+[ "$sd_seqs" -gt 0 ] && DATA="$DATA,$RUN/data-sd:$SD_WEIGHT"  # the target's own answers weigh SD_WEIGHT times
 
 # ------------------------------------------------------------------ 5. train (probe, then the run)
-TRAIN_ARGS=(--data "$DATA" --target smollm2-135m-instruct --dtype bfloat16 --layers "$LAYERS" --num-anchors "$NUM_ANCHORS"
+TRAIN_ARGS=(--data "$DATA" --target smollm2-135m-instruct --dtype bfloat16 --num-anchors "$NUM_ANCHORS"
             --batch-size "$BATCH" --lr "$LR" --eval-sequences 8 --checkpoint-minutes 1000 --no-progress)
-if [ -n "$INIT" ]; then TRAIN_ARGS+=(--init "$INIT"); else TRAIN_ARGS+=(--draft-vocab-size "$DRAFT_VOCAB"); fi
+# an --init drafter brings its own shape (train refuses --layers beside it); --draft-vocab-size remaps it
+if [ -n "$INIT" ]; then TRAIN_ARGS+=(--init "$INIT" --draft-vocab-size "$DRAFT_VOCAB")
+else TRAIN_ARGS+=(--draft-vocab-size "$DRAFT_VOCAB" --layers "$LAYERS"); fi
 startup=30
 if [ -z "${STEPS:-}" ]; then
     if [ "$CUDA" = 1 ]; then
