@@ -1,5 +1,6 @@
-"""Side-by-side benchmark: plain generate(), transformers' prompt lookup and native DFlash, and our loop
-(DFlash = Markov off, DSpark = full block, DSpark + scheduler), in one process, same target, prompts, dtype.
+"""Side-by-side benchmark: plain generate(), transformers' prompt lookup and native DFlash, our loop (DFlash =
+Markov off, DSpark = full block, DSpark + scheduler) and transformers' assisted loop with our candidate generator
+(full block, batch 1), in one process, same target, prompts, dtype.
 
     hf-dspark bench --prompts gsm8k --n 8 --batch-sizes 1,4,16 --json bench.json --plots plots/
 
@@ -34,11 +35,12 @@ from typing import Any, Callable
 import torch
 from tqdm.auto import tqdm
 
-CONTENDERS = ("plain", "prompt_lookup", "hf_dflash", "dflash", "dspark", "dspark_adaptive")
+CONTENDERS = ("plain", "prompt_lookup", "hf_dflash", "dflash", "dspark", "dspark_adaptive", "dspark_hf_loop")
 PROMPT_SETS = ("gsm8k", "humaneval", "mtbench")
 BATCH_1_ONLY = {
     "prompt_lookup": "transformers' assisted decoding refuses batches ('assisted generate is only supported for batch_size = 1')",
     "hf_dflash": "transformers' native DFlash runs through assisted decoding, which refuses batch_size > 1",
+    "dspark_hf_loop": "transformers' assisted loop (DSparkCandidateGenerator) runs one prompt at a time",
 }
 
 
@@ -161,6 +163,8 @@ class Bench:
         if contender == "dspark_adaptive":
             policy = self.adaptive_policy()
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, verify_policy=policy)
+        if contender == "dspark_hf_loop":
+            return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, dspark_engine="transformers")
         raise ValueError(f"Unknown contender {contender!r}; choose from {', '.join(CONTENDERS + tuple(self.custom_runners))}.")
 
     def adaptive_policy(self):
@@ -424,7 +428,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="write the records (a JSON list) here")
     p.add_argument("--plots", default=None, help="write PNG plots into this folder")
     p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
-                   help="replace the drafts of our loop's contenders by each batch's plain output with every token kept "
+                   help="replace the drafts of our drafter's contenders by each batch's plain output with every token kept "
                    "with probability ALPHA (else corrupted) and calibrated confidence ALPHA: measures the loop and the "
                    "scheduler for a drafter of known quality (the real drafter pass still runs and is timed)")
 
@@ -449,7 +453,8 @@ def run_cli(args: argparse.Namespace) -> int:
             raise ValueError(f"--synthetic-acceptance must be in (0, 1), got {args.synthetic_acceptance}.")
         if {"prompt_lookup", "hf_dflash"} & set(contenders):
             raise ValueError(
-                "--synthetic-acceptance applies to our loop's contenders only (dflash, dspark, dspark_adaptive); "
+                "--synthetic-acceptance applies to our drafter's contenders only (dflash, dspark, dspark_adaptive, "
+                "dspark_hf_loop); "
                 "drop prompt_lookup and hf_dflash from --contenders."
             )
     model, tok = load_target(args.target, dtype=args.dtype)

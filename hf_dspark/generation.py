@@ -23,21 +23,21 @@ stopping), `_Rows` what changes (the running rows, their anchors and positions, 
 Shapes: N prompts of P tokens, R running rows, B block size, W = 1 + max l_r verify positions per row, C cache
 columns, V vocabulary, T = R + sum l_r flat verify rows.
 
-Entry points: `target.generate(**enc, custom_generate=hf_dspark.generate, drafter=d)` (official, patch-free),
-`target.generate(**enc, assistant_model=d)` (routed here by `install_assistant_route`, which intercepts only
-calls whose assistant is a `DSparkDrafter`), pipelines, and `custom_generate="<drafter folder or repo>"`.
+Entry points: `target.generate(**enc, custom_generate=hf_dspark.generate, drafter=d)` (official),
+`target.generate(**enc, assistant_model=d)` on a model the drafter is bound to (`hf_dspark.routing`), pipelines,
+and `custom_generate="<drafter folder or repo>"`. transformers' own assisted loop drives the same drafting code
+through `hf_dspark.candidate_generator.DSparkCandidateGenerator`.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.generation.stopping_criteria import (
     EosTokenCriteria,
@@ -48,8 +48,9 @@ from transformers.generation.stopping_criteria import (
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
+from . import drafting
 from .draft_context import DraftContext
-from .drafting import Draft, draft_block
+from .drafting import Draft
 from .kernels import build_cu_num_draft, build_verify_inputs, flatten_ragged, gather_kv, rejection_sample
 from .modeling import DSparkDrafter
 from .processing import Processing
@@ -148,11 +149,12 @@ class DSparkGenerateOutput(GenerateDecoderOnlyOutput):
     dspark_stats: DSparkStats | None = None
 
 
-def _cache_kwarg(model: PreTrainedModel) -> str:
+def cache_kwarg(model: PreTrainedModel) -> str:
+    """The name of the target forward's cache argument ("cache" from transformers 5.24, "past_key_values" before)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def _choose_policy(
+def choose_policy(
     model: PreTrainedModel,
     drafter: DSparkDrafter,
     verify_policy: VerifyPolicy | None,
@@ -201,15 +203,35 @@ def _persistent_scheduler(drafter: DSparkDrafter, model: PreTrainedModel, table,
     return cached[1]
 
 
+BEAM_SEARCH_REFUSED = "DSpark speculative decoding does not support beam search; set num_beams=1."
+
+
 def _check_inputs(model, cfg, gen, input_ids, num_speculative_tokens, cache) -> DynamicCache:
     """Refuse what the loop cannot do exactly, with one-sentence errors; returns the (empty, dynamic) cache."""
     if getattr(gen, "num_beams", 1) > 1:
-        raise ValueError("DSpark speculative decoding does not support beam search; set num_beams=1.")
-    if num_speculative_tokens is not None and not 0 <= num_speculative_tokens <= cfg.block_size:
+        raise ValueError(BEAM_SEARCH_REFUSED)
+    check_num_speculative_tokens(num_speculative_tokens, cfg.block_size)
+    cache = check_cache(model, cache)
+    if input_ids.shape[1] == 0:
+        raise ValueError("The prompt is empty; give at least one token (e.g. the BOS token or a chat template).")
+    max_pos = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if max_pos is not None and input_ids.shape[1] >= max_pos:
+        raise ValueError(f"The prompt has {input_ids.shape[1]} tokens but the target's context is {max_pos}; truncate the prompt.")
+    return cache
+
+
+def check_num_speculative_tokens(num_speculative_tokens: int | None, block_size: int) -> None:
+    """num_speculative_tokens must be None or in 0..block_size."""
+    if num_speculative_tokens is not None and not 0 <= num_speculative_tokens <= block_size:
         raise ValueError(
-            f"num_speculative_tokens={num_speculative_tokens} must be in [0, block_size={cfg.block_size}]; the drafter "
+            f"num_speculative_tokens={num_speculative_tokens} must be in [0, block_size={block_size}]; the drafter "
             "always drafts its trained block."
         )
+
+
+def check_cache(model: PreTrainedModel, cache: Any) -> DynamicCache:
+    """The target's cache for a DSpark call: a new DynamicCache when None; refused unless dynamic (no static or
+    sliding layers: rollback needs a growable cache) and empty (the drafter needs the prompt's hidden states)."""
     if cache is None:
         cache = DynamicCache(config=model.config)
     if not isinstance(cache, DynamicCache) or any(not isinstance(l, DynamicLayer) or getattr(l, "is_sliding", False) for l in cache.layers):
@@ -219,11 +241,6 @@ def _check_inputs(model, cfg, gen, input_ids, num_speculative_tokens, cache) -> 
         )
     if cache.get_seq_length() > 0:
         raise ValueError("DSpark generation starts from an empty cache; do not pass a pre-filled past_key_values/cache.")
-    if input_ids.shape[1] == 0:
-        raise ValueError("The prompt is empty; give at least one token (e.g. the BOS token or a chat template).")
-    max_pos = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    if max_pos is not None and input_ids.shape[1] >= max_pos:
-        raise ValueError(f"The prompt has {input_ids.shape[1]} tokens but the target's context is {max_pos}; truncate the prompt.")
     return cache
 
 
@@ -316,7 +333,7 @@ def generate(
     """
     if drafter is None:
         raise ValueError("hf_dspark.generate needs drafter=<DSparkDrafter>; load one with DSparkDrafter.from_pretrained(..., target=model).")
-    drafter = _unwrap_peft(drafter)
+    drafter = unwrap_drafter(drafter)
     drafter.require_target(model)
     attention_mask = model_kwargs.pop("attention_mask", None)  # [N, P]
     policy_options = dict(verify_policy=verify_policy, confidence_threshold=confidence_threshold)
@@ -338,7 +355,7 @@ def _start_call(
 ) -> _Call:
     """Check the inputs, read the generation config, choose the verify policy; what is left of `model_kwargs` goes
     to every target forward."""
-    cache_key = _cache_kwarg(model)
+    cache_key = cache_kwarg(model)
     cache = model_kwargs.pop(cache_key, None)
     cache = _check_inputs(model, drafter.config, gen, input_ids, num_speculative_tokens, cache)
     for name in ("past_key_values", "position_ids", "use_cache", "logits_to_keep"):
@@ -355,7 +372,7 @@ def _start_call(
             raise ValueError("stop_strings needs the tokenizer: pass stop_tokenizer=tokenizer (or tokenizer= with assistant_model=).")
         criteria.append(StopStringCriteria(stop_tokenizer, stop_strings))
     processing = Processing(logits_processor, bool(gen.do_sample), n_rows)
-    policy = _choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, **policy_options)
+    policy = choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, **policy_options)
     policy.reset()
     if streamer is not None and n_rows > 1:
         raise ValueError("Streaming supports one prompt at a time (like transformers' streamers); pass a single prompt.")
@@ -470,7 +487,7 @@ def _draft(call: _Call, rows: _Rows, depth: int, prefix) -> tuple[Draft, float, 
             _synchronize(device)
             catch_up = (n * pending, time.perf_counter() - t0)
         args = (rows.anchor, rows.anchor_pos, ctx_kv, rows.ctx_valid, call.processing, prefix, call.markov, depth)
-        draft = draft_block(call.drafter, *args)
+        draft = drafting.draft_block(call.drafter, *args)
         _synchronize(device)  # the policy prices drafting with this wall time
         call.stats.drafted_steps += 1
     else:  # a plain target step: the policy judged that drafting does not pay
@@ -636,7 +653,7 @@ def _finish(call: _Call, input_ids: torch.Tensor, gen: Any) -> torch.LongTensor 
     return sequences
 
 
-def _as_drafter(obj: Any) -> DSparkDrafter | None:
+def as_drafter(obj: Any) -> DSparkDrafter | None:
     """The DSparkDrafter itself, or the one inside a PEFT model (LoRA layers stay active); else None."""
     if isinstance(obj, DSparkDrafter):
         return obj
@@ -644,43 +661,8 @@ def _as_drafter(obj: Any) -> DSparkDrafter | None:
     return base if isinstance(base, DSparkDrafter) else None
 
 
-def _unwrap_peft(drafter: Any) -> DSparkDrafter:
+def unwrap_drafter(drafter: Any) -> DSparkDrafter:
     """Accept a PEFT-wrapped drafter (PeftModel around a DSparkDrafter)."""
-    if (base := _as_drafter(drafter)) is not None:
+    if (base := as_drafter(drafter)) is not None:
         return base
     raise TypeError(f"drafter must be a DSparkDrafter (or a PEFT model wrapping one), got {type(drafter).__name__}.")
-
-
-# ---------------------------------------------------------------------------- assistant_model= routing
-_ORIGINAL_GENERATE = GenerationMixin.generate
-
-
-@functools.wraps(_ORIGINAL_GENERATE)
-def _generate_with_dspark_route(self, *args: Any, **kwargs: Any):
-    assistant = kwargs.get("assistant_model")
-    if _as_drafter(assistant) is None:
-        return _ORIGINAL_GENERATE(self, *args, **kwargs)
-    if kwargs.get("custom_generate") is not None:
-        raise ValueError("Pass either assistant_model=<DSparkDrafter> or custom_generate=..., not both.")
-    drafter = kwargs.pop("assistant_model")
-    kwargs.pop("assistant_tokenizer", None)
-    # generate() does not forward these to a custom_generate callable: hand them over under our own names
-    kwargs["dspark_streamer"] = kwargs.pop("streamer", None)
-    kwargs["stop_tokenizer"] = kwargs.pop("tokenizer", None)
-    gen = kwargs.get("generation_config")
-    if kwargs.get("stop_strings") is None and gen is not None and getattr(gen, "stop_strings", None) is not None:
-        gen = gen.__class__.from_dict(gen.to_dict())
-        kwargs["stop_strings"], gen.stop_strings = gen.stop_strings, None
-        kwargs["generation_config"] = gen
-    return _ORIGINAL_GENERATE(self, *args, custom_generate=generate, drafter=drafter, **kwargs)
-
-
-def install_assistant_route() -> None:
-    """Route `generate(..., assistant_model=<DSparkDrafter>)` to the DSpark loop.
-
-    `GenerationMixin.generate` is wrapped once, at `import hf_dspark`. The wrapper looks only at
-    `assistant_model`: any other call (no assistant, or an assistant that is not a DSparkDrafter) goes to the
-    original method untouched. transformers' own assisted decoding refuses batches; this route supports them.
-    """
-    if GenerationMixin.generate is not _generate_with_dspark_route:
-        GenerationMixin.generate = _generate_with_dspark_route

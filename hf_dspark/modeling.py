@@ -326,7 +326,9 @@ class DSparkDrafter(PreTrainedModel):
 
     # ------------------------------------------------------------------ target binding
     def bind(self, target: PreTrainedModel) -> "DSparkDrafter":
-        """Tie the drafter to `target`: share its embeddings/lm_head if needed; check the dims match."""
+        """Tie the drafter to `target`: check the dims match, share its embeddings/lm_head if needed, and route
+        `target.generate(..., assistant_model=<DSparkDrafter>)` to DSpark on that model instance (`hf_dspark.routing`;
+        other models and calls are untouched)."""
         text = target.config.get_text_config()
         cfg = self.config
         problems = []
@@ -351,6 +353,9 @@ class DSparkDrafter(PreTrainedModel):
         self._target = weakref.ref(target)
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):  # pipelines compare these with the target's
             setattr(self.config, name, getattr(text, name, None))
+        from .routing import install_route  # here: routing imports the generation loop, which imports this module
+
+        install_route(target)
         return self
 
     @property
@@ -455,6 +460,23 @@ class DSparkDrafter(PreTrainedModel):
         if self.confidence_head.proj.in_features > hidden.shape[-1]:
             feats = torch.cat([hidden, self.markov_head.prev_embedding(prev_ids).to(hidden.dtype)], dim=-1)
         return self.confidence_head(feats).float()
+
+    def __getattr__(self, name: str) -> Any:
+        """nn.Module's lookup; a drafter has no `generation_config`, and the AttributeError says why when
+        transformers' generic assisted decoding (a model the drafter is not bound to) reads it first."""
+        if name == "generation_config":
+            raise AttributeError(self._not_routed_message())
+        return super().__getattr__(name)
+
+    def _not_routed_message(self) -> str:
+        bound = self.target
+        where = "is not bound to a model" if bound is None else f"is bound to another model ({type(bound).__name__})"
+        return (
+            f"transformers' generic assisted decoding got a DSparkDrafter, which {where}. Bind it to the model you "
+            "generate with -- DSparkDrafter.from_pretrained(..., target=model) or drafter.bind(model) -- and "
+            "model.generate(..., assistant_model=drafter) runs DSpark; or pass custom_generate=hf_dspark.generate, "
+            "drafter=drafter."
+        )
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - guidance only
         raise TypeError(

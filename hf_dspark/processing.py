@@ -7,6 +7,10 @@ it), so processors that read `input_ids` (repetition penalty, n-gram bans, min-l
 (e.g. `prompt_ignore_length`), so each call gets a full-size batch whose every row is that prefix, and we keep
 the row that belongs to it. Processors that only look at the scores (temperature, top-k, top-p,
 min-p, typical, epsilon, eta) are applied to all rows at once. Order is kept.
+
+Processors that keep state from call to call, assuming one call per generated token, cannot score several
+positions per step and are refused (classifier-free guidance, `guidance_scale`), in both engines: transformers' own
+assisted loop would call them once per verified position too.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
     TypicalLogitsWarper,
+    UnbatchedClassifierFreeGuidanceLogitsProcessor,
 )
 
 SCORE_ONLY = (
@@ -41,6 +46,12 @@ class Processing:
 
     def __init__(self, logits_processor: LogitsProcessorList | None, do_sample: bool, batch_size: int = 1) -> None:
         self.processors = list(logits_processor or [])
+        if any(isinstance(p, UnbatchedClassifierFreeGuidanceLogitsProcessor) for p in self.processors):
+            raise ValueError(
+                "Classifier-free guidance (guidance_scale) cannot run with speculative decoding: its processor runs the "
+                "model on the negative prompt with a cache of its own, one token per call, while a speculative step "
+                "scores several positions. Drop guidance_scale, or generate without assistant_model."
+            )
         self.batch_size = batch_size
         self.do_sample = do_sample
         self.reads_prefix = any(not isinstance(p, SCORE_ONLY) for p in self.processors)

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import generation
+from . import drafting
 from .drafting import Draft
 from .step_costs import StepCosts
 from .step_table import StepTimeTable
@@ -43,18 +43,19 @@ def ragged_batch(vocab: int, lengths=(5, 9, 3, 12), seed: int = 0, device: str |
 
 @contextmanager
 def _edited_drafts(edit: Callable[..., Draft]) -> Iterator[None]:
-    """Run the real drafter pass, then replace its output by `edit(drafter, draft, prefix)`, until the block exits."""
-    real = generation.draft_block
+    """Run the real drafter pass, then replace its output by `edit(drafter, draft, prefix)`, until the block exits
+    (in both engines: our loop and `DSparkCandidateGenerator` call `drafting.draft_block`)."""
+    real = drafting.draft_block
 
     def drafted(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, *args, **kwargs):
         out = real(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, *args, **kwargs)
         return edit(drafter, out, prefix)
 
-    generation.draft_block = drafted
+    drafting.draft_block = drafted
     try:
         yield
     finally:
-        generation.draft_block = real
+        drafting.draft_block = real
 
 
 def oracle_drafts(reference: torch.Tensor, seed: int = 0):

@@ -1,8 +1,9 @@
-"""The exact joint distribution of the first tokens of plain sampling, for the chi-square exactness tests."""
+"""The exact joint distribution of the first tokens of plain sampling, and the chi-square test against it."""
 
 import itertools
 
 import torch
+from scipy.stats import chisquare
 
 
 def exact_joint(model, prompt: torch.Tensor, warpers, vocab_size: int, num_tokens: int) -> torch.Tensor:
@@ -18,3 +19,14 @@ def exact_joint(model, prompt: torch.Tensor, warpers, vocab_size: int, num_token
             scores = w(full, scores)
         logp += torch.log_softmax(scores, -1).gather(1, seqs[:, k : k + 1]).squeeze(1)
     return logp.exp()
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """p-value of observed `counts` per cell against the cell probabilities `probs` (cells expecting < 5 lumped)."""
+    expected = probs * counts.sum()
+    big = expected >= 5
+    obs, exp = counts[big], expected[big]
+    if expected[~big].sum() > 0:  # lump the rare cells into one
+        obs = torch.cat([obs, counts[~big].sum(0, keepdim=True)])
+        exp = torch.cat([exp, expected[~big].sum(0, keepdim=True)])
+    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)

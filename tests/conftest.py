@@ -43,6 +43,19 @@ def make_tiny_drafter(target, seed: int = 0, **overrides) -> DSparkDrafter:
     return DSparkDrafter(DSparkConfig.from_target(target.config, **{**kwargs, **overrides})).eval().bind(target)
 
 
+class CollectStreamer:
+    """A streamer that keeps every chunk it is given (as a list of ids) and whether it was ended."""
+
+    def __init__(self):
+        self.chunks, self.ended = [], False
+
+    def put(self, value):
+        self.chunks.append(value.flatten().tolist())
+
+    def end(self):
+        self.ended = True
+
+
 @pytest.fixture
 def tiny_target() -> LlamaForCausalLM:
     return make_tiny_target()

@@ -11,7 +11,7 @@ from hf_dspark.cli import build_parser, main
 def test_contenders_and_batch_sizes_are_checked():
     assert bench.parse_contenders("dspark,plain") == ["plain", "dspark"]  # plain always runs first
     assert bench.parse_contenders("dspark") == ["plain", "dspark"]
-    with pytest.raises(ValueError, match="choose from plain, prompt_lookup, hf_dflash, dflash, dspark, dspark_adaptive"):
+    with pytest.raises(ValueError, match="choose from plain, prompt_lookup, hf_dflash, dflash, dspark, dspark_adaptive, dspark_hf_loop"):
         bench.parse_contenders("dspark,medusa")
     assert bench.parse_batch_sizes("1,4,16") == [1, 4, 16]
     for bad in ("0", "1,-4", "one", ""):
@@ -45,7 +45,7 @@ def test_cli_reports_bad_input_clearly(capsys):
     assert main(["bench", "--synthetic-acceptance", "1.5"]) == 2
     assert "(0, 1)" in capsys.readouterr().err
     assert main(["bench", "--synthetic-acceptance", "0.8", "--contenders", "plain,hf_dflash"]) == 2
-    assert "our loop's contenders" in capsys.readouterr().err
+    assert "our drafter's contenders" in capsys.readouterr().err
 
 
 def test_cli_help_lists_every_command():
@@ -143,12 +143,15 @@ def test_slower_p_value_is_the_exact_signed_rank_tail():
     assert p != p  # only ties: no evidence either way (NaN)
 
 
-def test_native_dflash_contender_matches_plain(smollm2):
-    """transformers' own DFlash loop driving our drafter through NativeDFlashAssistant reproduces plain generate()."""
+def test_transformers_loop_contenders_match_plain(smollm2):
+    """transformers' own loops driving our drafter -- native DFlash through NativeDFlashAssistant, assisted decoding
+    through DSparkCandidateGenerator -- reproduce plain generate(); the latter reports its acceptance."""
     from hf_dspark.modeling import DSparkDrafter
 
     model, tok = smollm2
     drafter = DSparkDrafter.from_pretrained(str(bench.default_drafter()), target=model)
     b = bench.Bench(model, tok, drafter, max_new_tokens=12)
-    plain, native = b.run("gsm8k", bench.load_prompts("gsm8k", 2), 1, ["plain", "hf_dflash"], repeats=1)
+    plain, native, hf_loop = b.run("gsm8k", bench.load_prompts("gsm8k", 2), 1, ["plain", "hf_dflash", "dspark_hf_loop"], repeats=1)
     assert native.supported and native.identical_to_plain and native.new_tokens == plain.new_tokens == 24
+    assert hf_loop.supported and hf_loop.identical_to_plain and hf_loop.new_tokens == 24
+    assert hf_loop.mean_accepted_length >= 1.0 and len(hf_loop.per_position_acceptance) == drafter.config.block_size

@@ -10,8 +10,7 @@ import math
 import pytest
 import torch
 import _sampling
-from conftest import make_tiny_drafter, make_tiny_target
-from scipy.stats import chisquare
+from conftest import CollectStreamer, make_tiny_drafter, make_tiny_target
 from transformers import pipeline
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
@@ -257,21 +256,11 @@ def test_max_new_tokens_exact_for_every_row(tiny_target, tiny_drafter, oracle, m
 
 
 def test_streamer_receives_exactly_the_final_tokens(tiny_target, tiny_drafter, oracle):
-    class Collect:
-        def __init__(self):
-            self.chunks, self.ended = [], False
-
-        def put(self, value):
-            self.chunks.append(value.flatten().tolist())
-
-        def end(self):
-            self.ended = True
-
     enc = ragged_batch(256, lengths=(7,), seed=4)
     free = tiny_target.generate(**enc, max_new_tokens=25, do_sample=False, eos_token_id=None)
     eos = int(free[0, 7 + 17])
     oracle(free)
-    streamer = Collect()
+    streamer = CollectStreamer()
     out = tiny_target.generate(**enc, max_new_tokens=25, do_sample=False, eos_token_id=eos, assistant_model=tiny_drafter, streamer=streamer)
     assert streamer.ended
     assert streamer.chunks[0] == enc["input_ids"][0].tolist()
@@ -331,16 +320,6 @@ def sample_counts(model, prompt, **kw) -> torch.Tensor:
     return torch.bincount(cells, minlength=V_SMALL**N_TOKENS).float()
 
 
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    expected = probs * counts.sum()
-    big = expected >= 5
-    obs, exp = counts[big], expected[big]
-    if expected[~big].sum() > 0:  # lump the rare cells into one
-        obs = torch.cat([obs, counts[~big].sum(0, keepdim=True)])
-        exp = torch.cat([exp, expected[~big].sum(0, keepdim=True)])
-    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
-
-
 @pytest.fixture(scope="module")
 def small_vocab():
     target = make_tiny_target(seed=7, vocab_size=V_SMALL, eos_token_id=None, pad_token_id=0, bos_token_id=None)
@@ -380,7 +359,7 @@ def test_sampling_matches_target_distribution(small_vocab, policy):
     elif policy == "adaptive_mid_depth":
         kw["verify_policy"] = mid_depth_policy()
     counts = sample_counts(target, prompt, assistant_model=drafter, **kw)
-    assert chi_square_pvalue(counts, probs) > 1e-3
+    assert _sampling.chi_square_pvalue(counts, probs) > 1e-3
     stats = drafter.last_stats
     assert stats.accepted_tokens > 0  # the verifier really accepted drafts
     if policy == "adaptive_skip":
@@ -396,12 +375,12 @@ def test_sampling_test_catches_a_wrong_verifier(small_vocab, monkeypatch):
 
     monkeypatch.setattr(G, "rejection_sample", accept_everything)
     counts = sample_counts(target, prompt, assistant_model=drafter)
-    assert chi_square_pvalue(counts, probs) < 1e-6
+    assert _sampling.chi_square_pvalue(counts, probs) < 1e-6
 
 
 def test_plain_sampling_passes_the_same_test(small_vocab):
     target, _, prompt, probs = small_vocab
-    assert chi_square_pvalue(sample_counts(target, prompt), probs) > 1e-3
+    assert _sampling.chi_square_pvalue(sample_counts(target, prompt), probs) > 1e-3
 
 
 def test_num_return_sequences_with_sampling(tiny_target, tiny_drafter):
@@ -411,7 +390,7 @@ def test_num_return_sequences_with_sampling(tiny_target, tiny_drafter):
 
 
 # ------------------------------------------------------------------------------------------------ bad input
-def test_drafter_bound_to_another_target(tiny_target):
+def test_drafter_bound_to_another_target(tiny_target, tiny_drafter):
     other = make_tiny_target(seed=1)
     drafter = make_tiny_drafter(other)
     enc = ragged_batch(256, lengths=(4,))
@@ -419,21 +398,25 @@ def test_drafter_bound_to_another_target(tiny_target):
         tiny_target.generate(**enc, max_new_tokens=3, assistant_model=drafter)
 
 
-def test_unbound_drafter_binds_to_the_calling_target(tiny_target):
+def test_an_unbound_drafter_binds_through_custom_generate(tiny_target):
+    """custom_generate=hf_dspark.generate binds an unbound drafter to the calling model, which routes
+    assistant_model= from then on (hf_dspark.routing); tests/test_candidate_generator.py has the unbound-model error."""
     from hf_dspark import DSparkConfig, DSparkDrafter
 
     drafter = DSparkDrafter(DSparkConfig.from_target(tiny_target.config, mask_token_id=255, markov_rank=8))
     enc = ragged_batch(256, lengths=(4,))
-    ref = tiny_target.generate(**enc, max_new_tokens=6, do_sample=False, eos_token_id=None)
-    assert torch.equal(tiny_target.generate(**enc, max_new_tokens=6, do_sample=False, eos_token_id=None, assistant_model=drafter), ref)
+    kw = dict(max_new_tokens=6, do_sample=False, eos_token_id=None)
+    ref = tiny_target.generate(**enc, **kw)
+    assert torch.equal(tiny_target.generate(**enc, **kw, custom_generate=hf_dspark.generate, drafter=drafter), ref)
     assert drafter.target is tiny_target
+    assert torch.equal(tiny_target.generate(**enc, **kw, assistant_model=drafter), ref)
 
 
 def test_vocab_mismatch_is_refused(tiny_target):
     drafter = make_tiny_drafter(make_tiny_target(vocab_size=300), mask_token_id=299)
     drafter._target = None
     with pytest.raises(ValueError, match="vocab_size"):
-        tiny_target.generate(**ragged_batch(256, lengths=(4,)), max_new_tokens=3, assistant_model=drafter)
+        tiny_target.generate(**ragged_batch(256, lengths=(4,)), max_new_tokens=3, custom_generate=hf_dspark.generate, drafter=drafter)
 
 
 @pytest.mark.parametrize(
@@ -466,8 +449,8 @@ def test_missing_drafter_is_refused(tiny_target):
         tiny_target.generate(**ragged_batch(256, lengths=(4,)), max_new_tokens=3, custom_generate=hf_dspark.generate)
 
 
-def test_other_calls_are_untouched(tiny_target):
-    """The assistant_model route only intercepts DSpark drafters: plain and prompt-lookup generation still run."""
+def test_other_calls_are_untouched(tiny_target, tiny_drafter):
+    """The route on a bound model only intercepts DSpark drafters: plain and prompt-lookup generation still run."""
     enc = ragged_batch(256, lengths=(6,))
     plain = tiny_target.generate(**enc, max_new_tokens=5, do_sample=False, eos_token_id=None)
     lookup = tiny_target.generate(**enc, max_new_tokens=5, do_sample=False, eos_token_id=None, prompt_lookup_num_tokens=3)

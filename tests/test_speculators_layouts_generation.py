@@ -10,7 +10,6 @@ import pytest
 import torch
 import _sampling
 from conftest import make_tiny_drafter, make_tiny_target
-from scipy.stats import chisquare
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
 from hf_dspark.testing import ragged_batch
@@ -59,16 +58,6 @@ def exact_joint(model, prompt, warpers) -> torch.Tensor:
     return _sampling.exact_joint(model, prompt, warpers, V_SMALL, N_TOKENS)
 
 
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    expected = probs * counts.sum()
-    big = expected >= 5
-    obs, exp = counts[big], expected[big]
-    if expected[~big].sum() > 0:
-        obs = torch.cat([obs, counts[~big].sum(0, keepdim=True)])
-        exp = torch.cat([exp, expected[~big].sum(0, keepdim=True)])
-    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
-
-
 @pytest.mark.parametrize("path", ["fused", "general"])
 def test_sampling_with_a_reduced_vocabulary_matches_the_target_distribution(path):
     target = make_tiny_target(seed=7, vocab_size=V_SMALL, eos_token_id=None, pad_token_id=0, bos_token_id=None)
@@ -82,6 +71,6 @@ def test_sampling_with_a_reduced_vocabulary_matches_the_target_distribution(path
                           assistant_model=drafter, **kw)
     tokens = out[:, -N_TOKENS:]
     counts = torch.bincount((tokens * torch.tensor([V_SMALL**2, V_SMALL, 1])).sum(1), minlength=V_SMALL**N_TOKENS).float()
-    assert chi_square_pvalue(counts, exact_joint(target, prompt, warpers)) > 1e-3
+    assert _sampling.chi_square_pvalue(counts, exact_joint(target, prompt, warpers)) > 1e-3
     assert drafter.last_stats.accepted_tokens > 0  # drafts were accepted ...
     assert bool(torch.isin(tokens, torch.tensor([1, 3])).any())  # ... and tokens the drafter cannot propose appear
