@@ -130,7 +130,7 @@ def _train(args) -> int:
     from .losses import LossWeights
     from .trainer import TrainConfig, Trainer, build_drafter, choose_draft_vocab, plot_learning_curve, remap_draft_vocab
 
-    if args.init and (shaped := [f"--{k.replace('_', '-')}" for k, v in _SHAPE_DEFAULTS.items() if getattr(args, k) is not None]):
+    if args.init and (shaped := [f"--{k.replace('_', '-')}" for k in _SHAPE_DEFAULTS if getattr(args, k) is not None]):
         raise SystemExit(f"{', '.join(shaped)} describe a new drafter's shape; --init {args.init} already has one. Leave "
                          "them out to continue that drafter (its config says its shape), or drop --init for a new one.")
     for k, v in _SHAPE_DEFAULTS.items():

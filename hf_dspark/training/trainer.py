@@ -198,7 +198,7 @@ def remap_draft_vocab(drafter: DSparkDrafter, target: PreTrainedModel, draft_tok
     old_ids = torch.arange(drafter.draft_vocab_size) if old_ids is None else old_ids.cpu()
     new_ids = new.draft_target_ids()
     state = {k: v for k, v in drafter.state_dict().items() if not k.startswith(("lm_head.", "markov_head.markov_w2.", "d2t", "t2d"))}
-    missing, unexpected = new.load_state_dict(state, strict=False)
+    _, unexpected = new.load_state_dict(state, strict=False)  # same config but D: every other tensor fits
     assert not unexpected, unexpected
     new.lm_head.weight.copy_(target_head_rows(new, target).float())
     where = torch.full((cfg.vocab_size,), -1, dtype=torch.long)
@@ -323,7 +323,8 @@ class Trainer:
         return max(step, int(self.cfg.max_steps * self.elapsed / (60.0 * self.cfg.schedule_minutes)))
 
     def schedule_done(self) -> bool:
-        return self.step >= self.cfg.max_steps or self.schedule_step(self.step) >= self.cfg.max_steps
+        """max_steps reached, or (schedule_minutes) the schedule's time spent: schedule_step(step) >= step."""
+        return self.schedule_step(self.step) >= self.cfg.max_steps
 
     # ---------------------------------------------------------------- data order
     def _order(self, epoch: int) -> list[int]:
@@ -473,16 +474,13 @@ class Trainer:
             state = read_state(self.state_path)
         except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same advice
             raise ValueError(f"{self.state_path} is unreadable ({exc}); delete it to restart training from scratch.") from None
-        if state["train_config"]["max_steps"] != self.cfg.max_steps:
-            raise ValueError(
-                f"{self.state_path} was trained with --max-steps {state['train_config']['max_steps']}; "
-                "resume with the same value (the schedule depends on it) or use a new --out."
-            )
-        if state["train_config"].get("schedule_minutes") != self.cfg.schedule_minutes:
-            raise ValueError(
-                f"{self.state_path} was trained with --schedule-minutes {state['train_config'].get('schedule_minutes')}; "
-                "resume with the same value (the schedule depends on it) or use a new --out."
-            )
+        for field_name in ("max_steps", "schedule_minutes"):  # the schedule depends on both
+            if state["train_config"].get(field_name) != getattr(self.cfg, field_name):
+                raise ValueError(
+                    f"{self.state_path} was trained with --{field_name.replace('_', '-')} "
+                    f"{state['train_config'].get(field_name)}; resume with the same value (the schedule depends on it) "
+                    "or use a new --out."
+                )
         result = self.drafter.load_state_dict(state["drafter"], strict=False)
         if result.unexpected_keys:
             raise ValueError(
