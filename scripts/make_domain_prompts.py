@@ -10,6 +10,8 @@ The output is JSONL with a `text` field, ready for `hf-dspark make-data --prompt
 against GSM8K, HumanEval and MT-Bench as for any prompt file).
 
     python scripts/make_domain_prompts.py --out runs/prompts-domain.jsonl --math 1500 --code 1500
+    python scripts/make_domain_prompts.py --out runs/prompts-domain2.jsonl --math 1500 --code 0 --methods 1500 \
+        --seed 1 --exclude runs/prompts-domain.jsonl
 """
 
 from __future__ import annotations
@@ -67,38 +69,68 @@ def _math_problem(rng: random.Random) -> str:
     return rng.choice(templates)
 
 
-def _function_stubs(root: Path) -> list[str]:
-    """`def name(args):` + its docstring for every documented top-level function of the standard library."""
-    stubs = []
+def _stdlib_modules(root: Path) -> list[ast.Module]:
+    """The parsed modules of the standard library (tests, IDLE and lib2to3 left out; never imported)."""
+    modules = []
     for path in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py")):
         if any(part in {"test", "tests", "idlelib", "site-packages", "lib2to3"} for part in path.parts):
             continue
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
+            modules.append(ast.parse(path.read_text(encoding="utf-8")))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        for node in tree.body:
-            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
-                continue
-            doc = ast.get_docstring(node)
-            if not doc or not 40 <= len(doc) <= 700 or ">>>" in doc:
-                continue
-            node.body, node.decorator_list, node.returns = [ast.Pass()], [], node.returns
-            header = ast.unparse(node).rsplit("\n", 1)[0]  # "def name(args) -> T:"
-            body = "\n".join(("    " + line) if line else "" for line in doc.splitlines())
-            stubs.append(f'{header}\n    """{body.lstrip()}\n    """\n')
+    return modules
+
+
+def _stub(node: ast.FunctionDef, indent: str = "") -> str | None:
+    """`def name(args):` + its docstring, or None when the function is private or its docstring unsuitable."""
+    doc = ast.get_docstring(node)
+    if node.name.startswith("_") or not doc or not 40 <= len(doc) <= 700 or ">>>" in doc:
+        return None
+    node.body, node.decorator_list = [ast.Pass()], []
+    header = ast.unparse(node).rsplit("\n", 1)[0]  # "def name(args) -> T:"
+    body = "\n".join((indent + "    " + line) if line else "" for line in doc.splitlines())
+    return f'{indent}{header}\n{indent}    """{body.lstrip()}\n{indent}    """\n'
+
+
+def _function_stubs(modules: list[ast.Module]) -> list[str]:
+    """A stub for every documented public top-level function."""
+    nodes = [n for tree in modules for n in tree.body if isinstance(n, ast.FunctionDef)]
+    return [s for s in map(_stub, nodes) if s]
+
+
+def _method_stubs(modules: list[ast.Module]) -> list[str]:
+    """`class Name:` + one documented public method's stub, for every such method of a public top-level class."""
+    stubs = []
+    for tree in modules:
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and not n.name.startswith("_")):
+            for node in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+                stub = _stub(node, indent="    ")
+                if stub:
+                    stubs.append(f"class {cls.name}:\n{stub}")
     return stubs
 
 
-def domain_prompts(math: int, code: int, seed: int = 0) -> list[str]:
-    """`math` word problems and up to `code` standard-library stubs, shuffled together (seeded)."""
+def domain_prompts(math: int, code: int, seed: int = 0, methods: int = 0) -> list[str]:
+    """`math` word problems, up to `code` standard-library function stubs and up to `methods` method stubs, shuffled
+    together (seeded; `methods=0` gives the same list as before method stubs existed)."""
     rng = random.Random(seed)
     problems = list(dict.fromkeys(_math_problem(rng) for _ in range(math * 2)))[:math]
-    stubs = _function_stubs(Path(sysconfig.get_paths()["stdlib"]))
+    modules = _stdlib_modules(Path(sysconfig.get_paths()["stdlib"]))
+    stubs = _function_stubs(modules)
     rng.shuffle(stubs)
     rows = problems + stubs[:code]
     rng.shuffle(rows)
+    if methods:
+        extra = _method_stubs(modules)
+        random.Random(seed + 1).shuffle(extra)
+        rows += extra[:methods]
+        random.Random(seed + 2).shuffle(rows)
     return rows
+
+
+def _texts(path: Path) -> set[str]:
+    return {json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()}
 
 
 def main() -> None:
@@ -106,16 +138,21 @@ def main() -> None:
     p.add_argument("--out", required=True, help="JSONL file to write (text field)")
     p.add_argument("--math", type=int, default=1500, help="how many math word problems")
     p.add_argument("--code", type=int, default=1500, help="how many stdlib function stubs (at most what exists)")
+    p.add_argument("--methods", type=int, default=0, help="how many stdlib class-method stubs (at most what exists)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--exclude", type=Path, action="append", default=[], metavar="JSONL",
+                   help="leave out prompts already in this file (an earlier run's output); repeatable")
     args = p.parse_args()
-    rows = domain_prompts(args.math, args.code, args.seed)
+    seen = set().union(*map(_texts, args.exclude))
+    rows = [r for r in domain_prompts(args.math, args.code, args.seed, args.methods) if r not in seen]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
     tmp.replace(out)
-    code = sum(r.startswith("def ") for r in rows)
-    print(f"wrote {len(rows)} prompts to {out}: {len(rows) - code} math word problems, {code} standard-library function stubs")
+    code, methods = sum(r.startswith("def ") for r in rows), sum(r.startswith("class ") for r in rows)
+    print(f"wrote {len(rows)} prompts to {out}: {len(rows) - code - methods} math word problems, {code} standard-library "
+          f"function stubs, {methods} method stubs" + (f" (left out {len(seen)} prompts of {len(args.exclude)} files)" if seen else ""))
 
 
 if __name__ == "__main__":

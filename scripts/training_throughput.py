@@ -36,6 +36,7 @@ from hf_dspark.training.data import TokenDataset, target_hidden
 from hf_dspark.training.losses import LossWeights
 from hf_dspark.training.packing import pad_batch, sample_anchors
 mode, data, steps, vocab_size, num_seqs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+torch.set_flush_denormal(mode != "legacy")  # as the current Trainer.run does
 torch.manual_seed(0)
 model, tok = load_target("smollm2-135m-instruct", dtype=torch.bfloat16)
 ds = TokenDataset(data, model, tok)

@@ -16,7 +16,7 @@ from _tiny_models import MASK_ID, tiny_drafter, tiny_target, tiny_tokenizer
 from hf_dspark.training import data as data_mod
 from hf_dspark.training.cli import add_subcommands
 from hf_dspark.training.data import DataError, GenerationSettings, TokenDataset, make_data, read_prompts
-from hf_dspark.training.losses import LossWeights, dspark_losses, expected_tau, sparse_target
+from hf_dspark.training.losses import LossWeights, draft_log_softmax_at, dspark_losses, expected_tau, sparse_target
 from hf_dspark.training.packing import pack_blocks, pad_batch, sample_anchors
 from hf_dspark.training.trainer import TrainConfig, Trainer, lr_lambda
 
@@ -90,6 +90,27 @@ def test_soft_label_is_detached_and_expected_tau_counts_prefixes():
     assert expected_tau(match, torch.ones_like(match)) == pytest.approx(1 + (2 + 0 + 4) / 3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_draft_log_softmax_gives_the_unfused_values_and_gradients(dtype):
+    torch.manual_seed(0)
+    logits = (torch.randn(10, 50) * 6).to(dtype)
+    ids = torch.randint(0, 50, (10, 4))
+    g_lse, g_at = torch.randn(10), torch.randn(10, 4)
+    x = logits.clone().requires_grad_(True)
+    lse = torch.logsumexp(x.float(), -1)
+    at = x.gather(-1, ids).float()
+    (lse * g_lse).sum().add((at * g_at).sum()).backward()
+    for rows in (1, 3, 10, None):  # chunks of one row, a ragged last chunk, one chunk, the default
+        y = logits.clone().requires_grad_(True)
+        lse2, at2, top = draft_log_softmax_at(y, ids, rows)
+        (lse2 * g_lse).sum().add((at2 * g_at).sum()).backward()
+        torch.testing.assert_close(lse2, lse)
+        torch.testing.assert_close(at2, at)
+        assert torch.equal(top, logits.float().argmax(-1))
+        assert y.grad.dtype == dtype
+        torch.testing.assert_close(y.grad, x.grad)
+
+
 # ------------------------------------------------------------------------------------------------ packing
 def test_packed_mask_hides_context_at_and_after_each_anchor_and_padding_blocks_see_nothing():
     torch.manual_seed(0)
@@ -102,7 +123,7 @@ def test_packed_mask_hides_context_at_and_after_each_anchor_and_padding_blocks_s
     x, m, _, anc = pad_batch([(ids[0], lm[0]), (ids[1, :20], lm[1, :20])], anchors, 0)
     packed = pack_blocks(x, m, anc, b, MASK_ID)
     a = anc.shape[1]
-    mask = packed.mask[:, 0]  # [N, A*B, T + A*B]
+    mask = packed.mask.dense()[:, 0]  # [N, A*B, T + A*B]
     for n in range(2):
         for blk in range(a):
             rows = mask[n, blk * b : (blk + 1) * b]
@@ -127,6 +148,32 @@ def test_packed_mask_hides_context_at_and_after_each_anchor_and_padding_blocks_s
     assert (anc[1] >= 0).sum() == 3 and (anc[1] < 0).sum() == a - 3
     # anchors cover p and p + 1 inside the response
     assert all(lm[0, p] and lm[0, p + 1] for p in anchors[0].tolist())
+
+
+def test_packed_block_attention_gives_the_full_masked_attention_and_its_gradients(tiny):
+    model, _ = tiny
+    drafter = tiny_drafter(model).float()  # 4 query heads over 2 key/value heads
+    torch.manual_seed(0)
+    t, b = 24, drafter.config.block_size
+    x = torch.randint(3, 100, (2, t))
+    lm = torch.zeros(2, t, dtype=torch.bool)
+    lm[0, 6:] = True
+    lm[1, 4:14] = True
+    anchors = [sample_anchors(lm[0], 5, torch.Generator().manual_seed(1)), sample_anchors(lm[1], 2, torch.Generator().manual_seed(2))]
+    ids, m, _, anc = pad_batch([(x[0], lm[0]), (x[1, :14], lm[1, :14])], anchors, 0)
+    packed = pack_blocks(ids, m, anc, b, MASK_ID)
+    taps = torch.randn(2, ids.shape[1], drafter.fc.in_features)
+    real = (anc >= 0).repeat_interleave(b, dim=1)  # [N, A*B] queries of real blocks (padding ones are unused)
+    outs, grads = [], []
+    for mask in (packed.mask, packed.mask.dense()):
+        drafter.zero_grad()
+        ctx_kv = drafter.context_kv(drafter.context_features(taps), torch.arange(ids.shape[1]).expand(2, -1))
+        h = drafter.block_hidden(packed.block_ids, packed.positions, ctx_kv, mask)[real]
+        h.square().sum().backward()
+        outs.append(h.detach())
+        grads.append(drafter.layers[0].self_attn.q_proj.weight.grad.clone())
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------ trainer
@@ -535,3 +582,22 @@ def test_a_zlab_layout_drafter_is_refused_for_training(tiny, data_dir, tmp_path)
     cfg = TrainConfig(str(data_dir), str(tmp_path / "o"), max_steps=1, eval_every=0, eval_sequences=0)
     with pytest.raises(ValueError, match="sample_from_anchor=False"):
         Trainer(drafter, model, TokenDataset(data_dir, model, tok), cfg, pad_id=0, log=lambda *_: None)
+
+
+def test_domain_prompts_add_method_stubs_without_changing_the_earlier_list():
+    import ast
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "make_domain_prompts.py"
+    spec = importlib.util.spec_from_file_location("make_domain_prompts", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    before = mod.domain_prompts(math=5, code=5, seed=0)
+    after = mod.domain_prompts(math=5, code=5, seed=0, methods=5)
+    assert len(after) == 15 and set(before) < set(after)
+    assert before == mod.domain_prompts(math=5, code=5, seed=0)  # methods=0 is the list of before
+    methods = [r for r in after if r.startswith("class ")]
+    assert len(methods) == 5
+    for stub in methods:
+        cls = ast.parse(stub + "        pass\n").body[0]  # a class with one documented public method
+        assert isinstance(cls, ast.ClassDef) and not cls.body[0].name.startswith("_") and ast.get_docstring(cls.body[0])

@@ -3,7 +3,8 @@
 For an anchor at position p the block is [x_p, MASK x (B-1)] at positions p..p+B-1 with labels x_{p+1..p+B}.
 All A blocks of a sequence form one query stream of A*B tokens. Attention mask (True = visible), per query of
 block a: context key j is visible iff j < p_a (and j is a real token); block keys are visible iff they belong to
-the same block (bidirectional inside the block); padding blocks (anchor -1) see nothing.
+the same block (bidirectional inside the block); padding blocks (anchor -1) see nothing (`PackedBlockMask.dense()`;
+the drafter's attention reads the compact form, `modeling.packed_block_attention`).
 Only the contiguous valid prefix of a block is supervised (labels inside the sequence and in the response).
 This mask is the full-attention one; the drafter's sliding_attention layers (`DSparkConfig.layer_types`) derive theirs
 from it in `DSparkDrafter.block_hidden` (`modeling.sliding_window_mask`): context keys p-W..p-1 only, causal inside the
@@ -16,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from ..modeling import PackedBlockMask
 
 
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -32,7 +35,7 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
 class PackedBlocks:
     block_ids: torch.Tensor  # [N, A*B] anchor + MASK tokens (padding blocks: MASK)
     positions: torch.Tensor  # [N, A*B] absolute positions p..p+B-1 (padding blocks: 0..B-1)
-    mask: torch.Tensor  # [N, 1, A*B, T + A*B] bool, True = visible
+    mask: PackedBlockMask  # context [N, A, T] visible iff before the anchor; each block sees itself
     labels: torch.Tensor  # [N, A, B] x_{p+1..p+B} (0 where invalid)
     prev_ids: torch.Tensor  # [N, A, B] teacher-forced previous tokens x_{p..p+B-1}
     target_pos: torch.Tensor  # [N, A, B] positions p..p+B-1 whose target state predicts the label (clamped)
@@ -63,13 +66,7 @@ def pack_blocks(
     valid = ok.long().cumprod(dim=-1).bool()  # contiguous prefix
     labels = torch.where(valid, labels, torch.zeros_like(labels))
     prev = input_ids.gather(1, pos.clamp(max=t - 1).view(n, -1)).view(n, a, b)
-    # attention mask
-    ctx_vis = torch.arange(t, device=dev)[None, None, :] < anchors[..., None]  # [N, A, T]; -1 anchors see nothing
-    ctx_vis = ctx_vis[:, :, None, :].expand(n, a, b, t).reshape(n, a * b, t)
-    blk = torch.arange(a, device=dev).repeat_interleave(b)  # [A*B] block index of each query
-    same = blk[:, None] == blk[None, :]  # [A*B, A*B]
-    blk_vis = same[None] & real.repeat_interleave(b, dim=1)[:, :, None]  # [N, A*B, A*B]
-    mask = torch.cat([ctx_vis, blk_vis], dim=-1)[:, None]
+    mask = PackedBlockMask(torch.arange(t, device=dev)[None, None, :] < anchors[..., None], real, b)  # -1 anchors: none
     positions = torch.where(real[..., None], pos, k.expand(n, a, b))
     return PackedBlocks(
         block_ids=block_ids.view(n, a * b),
