@@ -345,7 +345,7 @@ def test_a_data_dir_from_another_target_or_tokenizer_is_refused(tiny, data_dir):
 def test_disk_full_during_a_shard_write_leaves_no_partial_shard(tiny, tmp_path, monkeypatch):
     model, tok = tiny
 
-    def full_disk(tensors, path):
+    def full_disk(tensors, path, metadata=None):
         with open(path, "wb") as f:
             f.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -387,8 +387,8 @@ def test_cli_registers_the_training_subcommands():
     add_subcommands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["train", "--data", "d", "--out", "o", "--dflash", "--max-steps", "5"])
     assert args.dflash and args.max_steps == 5 and args.func.__name__ == "_train"
-    for cmd in ("make-data", "calibrate", "finetune", "eval-tau"):
-        assert parser.parse_args([cmd, "--help"] if False else [cmd] + {"make-data": ["--prompts", "p", "--out", "o"], "calibrate": ["--drafter", "d"], "finetune": ["--drafter", "d", "--data", "x", "--out", "o"], "eval-tau": ["--drafter", "d"]}[cmd]).func
+    for cmd in ("make-data", "cache-hidden", "calibrate", "finetune", "eval-tau"):
+        assert parser.parse_args([cmd] + {"make-data": ["--prompts", "p", "--out", "o"], "cache-hidden": ["--data", "d"], "calibrate": ["--drafter", "d"], "finetune": ["--drafter", "d", "--data", "x", "--out", "o"], "eval-tau": ["--drafter", "d"]}[cmd]).func
 
 
 def test_train_refuses_shape_options_beside_init_by_name(tmp_path):
@@ -440,6 +440,40 @@ def test_optional_hidden_state_cache_gives_the_online_loss(tiny, data_dir, tmp_p
     offline = _trainer(model, tok, cached_dir, tmp_path / "b")
     lo, lc = online.train_step()["loss"], offline.train_step()["loss"]
     assert lc == pytest.approx(lo, rel=0.05)  # bf16 rounding of the cached states only
+    # a batch with cached and uncached rows: the target's forward runs for the uncached rows only
+    half = tmp_path / "half"
+    shutil.copytree(cached_dir, half)
+    for f in sorted(half.glob("taps-*.safetensors"))[::2]:
+        f.unlink()
+    mixed = _trainer(model, tok, half, tmp_path / "c")
+    idx = [0, len(mixed.data) - 3]  # a sequence of the first shard (cache deleted) and one of the last (cached)
+    assert mixed.data.cached_hidden(idx[0]) is None and mixed.data.cached_hidden(idx[1]) is not None
+    ids, _, _, (taps, final) = mixed.batch_tensors(idx, torch.Generator().manual_seed(0), 4)
+    ref_taps, ref_final = data_mod.target_hidden(model, ids, drafter.tap_hidden_state_ids)
+    n = len(mixed.data[idx[1]][0])  # the cached row's own length (padding rows are never read)
+    torch.testing.assert_close(taps[0], ref_taps[0])  # computed: exact
+    torch.testing.assert_close(taps[1, :n], ref_taps[1, :n], rtol=2e-2, atol=2e-2)  # cached: bf16
+    torch.testing.assert_close(final[1, :n], ref_final[1, :n], rtol=2e-2, atol=2e-2)
+
+
+def test_a_feature_cache_for_other_taps_or_dtype_is_refused_by_name(tiny, data_dir, tmp_path):
+    import shutil
+
+    model, tok = tiny
+    cached_dir = tmp_path / "cached"
+    shutil.copytree(data_dir, cached_dir)
+    drafter = tiny_drafter(model)
+    data_mod.cache_hidden_states(cached_dir, model, [1, 2], log=lambda *_: None)  # not the drafter's taps [2, 4]
+    with pytest.raises(DataError, match=r"tap set .*\[1, 2\].* needs \[2, 4\].*cache-hidden"):
+        _trainer(model, tok, cached_dir, tmp_path / "a")
+    with pytest.raises(DataError, match="tap set"):  # caching again for other taps does not mix two tap sets
+        data_mod.cache_hidden_states(cached_dir, model, drafter.tap_hidden_state_ids, log=lambda *_: None)
+    for f in cached_dir.glob("taps-*.safetensors"):
+        f.unlink()
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)  # the shared fixture stays fp32
+    data_mod.cache_hidden_states(cached_dir, bf16, drafter.tap_hidden_state_ids, log=lambda *_: None)
+    with pytest.raises(DataError, match="target dtype bfloat16, but this run needs float32"):
+        _trainer(model, tok, cached_dir, tmp_path / "b")
 
 
 def test_multi_process_ranks_take_disjoint_sequences_and_only_rank_0_writes(tiny, data_dir, tmp_path):

@@ -120,6 +120,44 @@ def _add_make_data(sub) -> None:
     p.set_defaults(func=_make_data)
 
 
+# ------------------------------------------------------------------------------------------- cache-hidden
+def _cache_hidden(args) -> int:
+    from ..configuration import DSparkConfig, default_target_layer_ids
+    from .data import DataError, _weighted_dir, cache_hidden_states
+
+    model, _ = _load(args)
+    if args.drafter:
+        layer_ids = DSparkConfig.from_pretrained(args.drafter).target_layer_ids
+    else:
+        layer_ids = default_target_layer_ids(model.config.get_text_config().num_hidden_layers)
+    taps = [i + 1 for i in layer_ids]  # HF hidden_states indices
+    for spec in args.data.split(","):
+        directory, _ = _weighted_dir(spec)  # `dir:N` as in train's --data; the weight does not matter here
+        print(f"[cache] {directory}: the target's taps {taps} (hidden_states indices) and final states")
+        try:
+            cache_hidden_states(directory, model, taps)
+        except DataError as err:
+            raise SystemExit(str(err)) from None
+    return 0
+
+
+def _add_cache_hidden(sub) -> None:
+    p = sub.add_parser(
+        "cache-hidden",
+        help="compute the target's taps + final hidden states of data directories once (bf16 on disk) for training",
+        description="Run the target over every sequence of the data directories once and store its tapped hidden "
+        "states and final hidden states (bf16, ~(m + 1) x hidden_size x 2 bytes per token: 6.9 KB for SmolLM2 with 5 "
+        "taps) next to the shards. `train` then reads them instead of running the target's forward for those "
+        "sequences: about half of a CPU training step. Shards already cached are skipped (rerun to resume); a cache "
+        "made for other taps, target or dtype is refused by train and here.",
+    )
+    p.add_argument("--data", required=True, help="data directories, comma-separated (as train's --data; weights ignored)")
+    p.add_argument("--drafter", default=None, help="the drafter that will train on them (its taps; default: the taps "
+                   "a new drafter gets for this target, as train without --target-layer-ids)")
+    _add_target(p)
+    p.set_defaults(func=_cache_hidden)
+
+
 # ------------------------------------------------------------------------------------------- train
 def _train(args) -> int:
     import torch
@@ -442,13 +480,13 @@ def _add_finetune(sub) -> None:
 
 
 def add_subcommands(subparsers) -> None:
-    """Register make-data, train, calibrate, finetune and eval-tau on an argparse `subparsers` object."""
+    """Register make-data, cache-hidden, train, calibrate, finetune and eval-tau on an argparse `subparsers` object."""
     _add_make_data(subparsers)
     for extra in _EXTRA:
         extra(subparsers)
 
 
-_EXTRA: list = [_add_train, _add_calibrate, _add_finetune, _add_eval_tau]
+_EXTRA: list = [_add_cache_hidden, _add_train, _add_calibrate, _add_finetune, _add_eval_tau]
 
 
 def main(argv: list[str] | None = None) -> int:

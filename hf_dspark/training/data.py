@@ -4,7 +4,8 @@ Layout of a data directory:
   manifest.json            target id, tokenizer hash, generation settings, committed shards, next prompt index
   shard-00000.safetensors  input_ids [T] int32 (all sequences concatenated), loss_mask [T] uint8 (1 = response),
                            offsets [S+1] int64 (sequence s is input_ids[offsets[s]:offsets[s+1]])
-  taps-00000.safetensors   optional bf16 cache: taps [T, m*H] and final hidden states [T, H] (`cache_hidden_states`)
+  taps-00000.safetensors   optional bf16 cache: taps [T, m*H] and final hidden states [T, H] (`cache_hidden_states`;
+                           its metadata names the tap set, target and target dtype it was computed with)
 
 A shard is written atomically, then the manifest is updated atomically. Prompts are processed in a fixed order,
 shard i covering prompts [i*P, (i+1)*P) of that order, so a killed run resumes at the manifest's `next_prompt`
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -328,11 +330,11 @@ def _write_shard(path: Path, sequences: list[tuple[list[int], list[int]]], respo
     return len(ids)
 
 
-def _save_atomic(tensors: dict[str, torch.Tensor], path: Path, remedy: str) -> None:
+def _save_atomic(tensors: dict[str, torch.Tensor], path: Path, remedy: str, metadata: dict[str, str] | None = None) -> None:
     """Write a safetensors file atomically; a full disk leaves no partial file and says `remedy`."""
     try:
         with atomic_path(path) as tmp:
-            save_file(tensors, str(tmp))
+            save_file(tensors, str(tmp), metadata=metadata)
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             raise DataError(f"Disk full while writing {path.name}; {remedy}.") from exc
@@ -521,6 +523,7 @@ class TokenDataset:
         self.masks: list[torch.Tensor] = []
         self.where: list[tuple[Path, int, int]] = []  # (directory, shard, row) per sequence
         self.repeats: list[int] = []  # times per training epoch, per sequence
+        self._cache_files: dict[Path, tuple | None] = {}  # taps file -> (open file, row offsets), None if absent
         manifests = []
         for directory, weight in specs:
             manifests.append(self._read(directory, model, tokenizer))
@@ -559,14 +562,41 @@ class TokenDataset:
         return sum(len(x) for x in self.ids)
 
     def cached_hidden(self, i: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(taps [T, m*H], final hidden [T, H]) bf16 from the optional cache, or None."""
+        """(taps [T, m*H], final hidden [T, H]) bf16 from the optional cache, or None. Reads only sequence i's rows
+        (the file is memory-mapped; `check_cache` says whether it fits the drafter)."""
         directory, s, r = self.where[i]
         path = directory / f"taps-{s:05d}.safetensors"
-        if not path.is_file():
+        if path not in self._cache_files:
+            self._cache_files[path] = None
+            if path.is_file():
+                f = safe_open(str(path), framework="pt")
+                self._cache_files[path] = (f, f.get_tensor("offsets").tolist())
+        if self._cache_files[path] is None:
             return None
-        t = load_file(str(path))
-        off = t["offsets"].tolist()
-        return t["taps"][off[r] : off[r + 1]], t["final"][off[r] : off[r + 1]]
+        f, off = self._cache_files[path]
+        return f.get_slice("taps")[off[r] : off[r + 1]], f.get_slice("final")[off[r] : off[r + 1]]
+
+    def check_cache(self, model: PreTrainedModel, tap_ids: list[int]) -> int:
+        """How many sequences have cached target states; refuses a cache computed for another tap set, target or
+        target dtype (it would train on the wrong features), saying how to fix it."""
+        want = _cache_metadata(model, tap_ids)
+        cached = 0
+        for directory, shard in sorted({(d, s) for d, s, _ in self.where}, key=str):
+            path = directory / f"taps-{shard:05d}.safetensors"
+            if not path.is_file():
+                continue
+            with safe_open(str(path), framework="pt") as f:
+                have = f.metadata() or {}
+            for key, label in (("cache_format", "cache format"), ("tap_ids", "tap set (hidden_states indices)"),
+                               ("target_id", "target"), ("target_dtype", "target dtype")):
+                if have.get(key) != want[key]:
+                    raise DataError(
+                        f"{path} holds target states for {label} {have.get(key, 'unrecorded')}, but this run needs "
+                        f"{want[key]}; delete {directory}/taps-*.safetensors and rerun `hf-dspark cache-hidden --data "
+                        f"{directory}` with this drafter and target (or train without the cache)."
+                    )
+            cached += sum(1 for d, s, _ in self.where if d == directory and s == shard)
+        return cached
 
 
 def _weighted_dir(spec: str) -> tuple[Path, int]:
@@ -592,17 +622,26 @@ def target_hidden(model: PreTrainedModel, input_ids: torch.Tensor, tap_ids: list
     return torch.cat([hs[i] for i in tap_ids], dim=-1), out.last_hidden_state
 
 
+def _cache_metadata(model: PreTrainedModel, tap_ids: list[int]) -> dict[str, str]:
+    """What a feature cache was computed with (stored in each taps file, checked before training reads it)."""
+    return {"cache_format": "1", "tap_ids": json.dumps([int(i) for i in tap_ids]), "target_id": target_id(model),
+            "target_dtype": str(model.dtype).removeprefix("torch.")}
+
+
 def cache_hidden_states(
     data_dir: str | Path, model: PreTrainedModel, tap_ids: list[int], log=print, confirm: bool = True
 ) -> int:
     """Optionally cache bf16 taps + final hidden states next to each shard (prints the storage estimate first).
-    Returns the bytes the cache needs. Skips shards already cached."""
+    Returns the bytes the cache needs. Skips shards already cached for the same taps, target and dtype; refuses a
+    cache made for others (delete it first)."""
     ds = TokenDataset(Path(data_dir))  # one directory (its shards get the cache files)
     h = model.config.get_text_config().hidden_size
     need = storage_estimate_bytes(ds.num_tokens, len(tap_ids), h)
     log(f"[cache] {ds.num_tokens} tokens x {len(tap_ids) + 1} states x {h} x 2 bytes = {need / 2**30:.2f} GiB")
     if not confirm:
         return need
+    ds.check_cache(model, tap_ids)
+    meta = _cache_metadata(model, tap_ids)
     for s, shard in enumerate(ds.manifest["shards"]):
         path = ds.dir / f"taps-{s:05d}.safetensors"
         if path.is_file():
@@ -611,15 +650,16 @@ def cache_hidden_states(
         for i, (_, ss, _) in enumerate(ds.where):
             if ss != s:
                 continue
-            t, f = target_hidden(model, ds.ids[i][None], tap_ids)
-            taps.append(t[0].bfloat16())
-            finals.append(f[0].bfloat16())
+            with torch.no_grad():
+                t, f = target_hidden(model, ds.ids[i][None].to(model.device), tap_ids)
+            taps.append(t[0].bfloat16().cpu())
+            finals.append(f[0].bfloat16().cpu())
             offsets.append(offsets[-1] + t.shape[1])
         tensors = {
             "taps": torch.cat(taps) if taps else torch.zeros(0, len(tap_ids) * h, dtype=torch.bfloat16),
             "final": torch.cat(finals) if finals else torch.zeros(0, h, dtype=torch.bfloat16),
             "offsets": torch.tensor(offsets, dtype=torch.int64),
         }
-        _save_atomic(tensors, path, f"the cache needs {need / 2**30:.2f} GiB: free space or train online")
-        log(f"[cache] wrote {path.name}")
+        _save_atomic(tensors, path, f"the cache needs {need / 2**30:.2f} GiB: free space or train online", meta)
+        log(f"[cache] wrote {path.name} ({s + 1} of {len(ds.manifest['shards'])} shards)")
     return need

@@ -313,6 +313,9 @@ class Trainer:
         self.state_path = self.out / "checkpoint" / STATE_FILE
         self.target_head = target_head_rows(drafter, target)  # [D, H], gathered once
         self._eval_features: dict[int, tuple] = {}  # held-out sequence -> (taps, final), computed once
+        cached = dataset.check_cache(target, drafter.tap_hidden_state_ids)
+        if cached:
+            log(f"[train] {cached} of {n} sequences read the target's states from the cache (the rest run its forward)")
 
     # ---------------------------------------------------------------- schedule
     def schedule_step(self, step: int) -> int:
@@ -349,17 +352,24 @@ class Trainer:
         seqs = [self.data[i] for i in idx]
         anchors = [sample_anchors(m, num_anchors, gen) for _, m in seqs]
         ids, lm, _, anc = pad_batch(seqs, anchors, self.pad_id)
-        cached = None
+        ids, lm, anc = ids.to(self.device), lm.to(self.device), anc.to(self.device)
+        return ids, lm, anc, self._features(idx, ids)
+
+    def _features(self, idx: list[int], ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(taps [N, T, m*H], final [N, T, H]) of the batch: the cache's where it has them, the target's forward for
+        the other rows; None when no row is cached (the step runs the forward itself)."""
         hid = [self.data.cached_hidden(i) for i in idx]
-        if all(h is not None for h in hid):
-            t = ids.shape[1]
-            pad = lambda x: torch.nn.functional.pad(x, (0, 0, 0, t - x.shape[0]))  # noqa: E731
-            cached = (
-                torch.stack([pad(h[0]) for h in hid]).to(self.target.dtype),
-                torch.stack([pad(h[1]) for h in hid]).to(self.target.dtype),
-            )
-        to = lambda x: None if x is None else x.to(self.device)  # noqa: E731
-        return to(ids), to(lm), to(anc), None if cached is None else (to(cached[0]), to(cached[1]))
+        if all(h is None for h in hid):
+            return None
+        missing = [r for r, h in enumerate(hid) if h is None]
+        if missing:
+            with torch.no_grad():
+                taps, final = target_hidden(self.target, ids[missing], self.drafter.tap_hidden_state_ids)
+            for r, t, f in zip(missing, taps, final):
+                hid[r] = (t, f)
+        t = ids.shape[1]
+        pad = lambda x: torch.nn.functional.pad(x.to(self.device, self.target.dtype), (0, 0, 0, t - x.shape[0]))  # noqa: E731
+        return torch.stack([pad(h[0]) for h in hid]), torch.stack([pad(h[1]) for h in hid])
 
     # ---------------------------------------------------------------- one step
     def train_step(self) -> dict[str, float]:
