@@ -21,6 +21,7 @@ import json
 import random
 import re
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
@@ -565,7 +566,7 @@ class TokenDataset:
         """(taps [T, m*H], final hidden [T, H]) bf16 from the optional cache, or None. Reads only sequence i's rows
         (the file is memory-mapped; `check_cache` says whether it fits the drafter)."""
         directory, s, r = self.where[i]
-        path = directory / f"taps-{s:05d}.safetensors"
+        path = _taps_path(directory, s)
         if path not in self._cache_files:
             self._cache_files[path] = None
             if path.is_file():
@@ -581,8 +582,8 @@ class TokenDataset:
         target dtype (it would train on the wrong features), saying how to fix it."""
         want = _cache_metadata(model, tap_ids)
         cached = 0
-        for directory, shard in sorted({(d, s) for d, s, _ in self.where}, key=str):
-            path = directory / f"taps-{shard:05d}.safetensors"
+        for (directory, shard), count in Counter((d, s) for d, s, _ in self.where).items():
+            path = _taps_path(directory, shard)
             if not path.is_file():
                 continue
             with safe_open(str(path), framework="pt") as f:
@@ -595,7 +596,7 @@ class TokenDataset:
                         f"{want[key]}; delete {directory}/taps-*.safetensors and rerun `hf-dspark cache-hidden --data "
                         f"{directory}` with this drafter and target (or train without the cache)."
                     )
-            cached += sum(1 for d, s, _ in self.where if d == directory and s == shard)
+            cached += count
         return cached
 
 
@@ -622,6 +623,11 @@ def target_hidden(model: PreTrainedModel, input_ids: torch.Tensor, tap_ids: list
     return torch.cat([hs[i] for i in tap_ids], dim=-1), out.last_hidden_state
 
 
+def _taps_path(directory: Path, shard: int) -> Path:
+    """The feature cache file of a data directory's shard."""
+    return directory / f"taps-{shard:05d}.safetensors"
+
+
 def _cache_metadata(model: PreTrainedModel, tap_ids: list[int]) -> dict[str, str]:
     """What a feature cache was computed with (stored in each taps file, checked before training reads it)."""
     return {"cache_format": "1", "tap_ids": json.dumps([int(i) for i in tap_ids]), "target_id": target_id(model),
@@ -643,7 +649,7 @@ def cache_hidden_states(
     ds.check_cache(model, tap_ids)
     meta = _cache_metadata(model, tap_ids)
     for s, shard in enumerate(ds.manifest["shards"]):
-        path = ds.dir / f"taps-{s:05d}.safetensors"
+        path = _taps_path(ds.dir, s)
         if path.is_file():
             continue
         taps, finals, offsets = [], [], [0]
