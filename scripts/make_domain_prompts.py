@@ -1,7 +1,7 @@
 """Write training prompts in the evaluation sets' domains without touching the evaluation sets.
 
 - math: grade-school word problems built from templates here (names, items and numbers drawn at random), in the
-  shape of GSM8K questions but none of its text;
+  shape of GSM8K questions but none of its text; `--stories` draws multi-step narrative ones from ~30 more families;
 - code: function stubs (signature + docstring) of the Python standard library's own functions, in the shape of
   HumanEval prompts (read with `ast`, never imported);
 - chat prompts are not made here: ShareGPT's first turns already cover MT-Bench's domain.
@@ -12,6 +12,8 @@ against GSM8K, HumanEval and MT-Bench as for any prompt file).
     python scripts/make_domain_prompts.py --out runs/prompts-domain.jsonl --math 1500 --code 1500
     python scripts/make_domain_prompts.py --out runs/prompts-domain2.jsonl --math 1500 --code 0 --methods 1500 \
         --seed 1 --exclude runs/prompts-domain.jsonl
+    python scripts/make_domain_prompts.py --out runs/prompts-domain3.jsonl --math 0 --code 0 --methods 2164 --stories 1300 \
+        --seed 2 --exclude runs/prompts-domain.jsonl --exclude runs/prompts-domain2.jsonl
 """
 
 from __future__ import annotations
@@ -69,6 +71,118 @@ def _math_problem(rng: random.Random) -> str:
     return rng.choice(templates)
 
 
+PEOPLE = [("Melanie", "she", "her"), ("Jordan", "he", "his"), ("Priya", "she", "her"), ("Marcus", "he", "his"),
+          ("Harald", "he", "his"), ("Keiko", "she", "her"), ("Diego", "he", "his"), ("Fatima", "she", "her"),
+          ("Olga", "she", "her"), ("Tyrone", "he", "his"), ("Bianca", "she", "her"), ("Samir", "he", "his"),
+          ("Greta", "she", "her"), ("Wesley", "he", "his"), ("Imani", "she", "her"), ("Mateo", "he", "his"),
+          ("Rosa", "she", "her"), ("Felix", "he", "his"), ("Chloe", "she", "her"), ("Arjun", "he", "his"),
+          ("Hannah", "she", "her"), ("Victor", "he", "his"), ("Leila", "she", "her"), ("Dmitri", "he", "his"),
+          ("Nadia", "she", "her"), ("Grant", "he", "his"), ("Ingrid", "she", "her"), ("Kwame", "he", "his"),
+          ("Paloma", "she", "her"), ("Elliot", "he", "his"), ("Tessa", "she", "her"), ("Bruno", "he", "his")]
+JOBS = ["baker", "florist", "carpenter", "tutor", "dog walker", "painter", "gardener", "photographer", "tailor",
+        "lifeguard", "barista", "mechanic", "babysitter", "plumber", "delivery driver"]
+GOODS = [("cupcake", "cupcakes", 3), ("notebook", "notebooks", 4), ("candle", "candles", 12), ("jar of jam", "jars of jam", 6),
+         ("bracelet", "bracelets", 15), ("pie", "pies", 14), ("scarf", "scarves", 22), ("birdhouse", "birdhouses", 35),
+         ("mug", "mugs", 9), ("plant", "plants", 8), ("loaf of bread", "loaves of bread", 5), ("kite", "kites", 18),
+         ("comic book", "comic books", 7), ("pair of socks", "pairs of socks", 6), ("puzzle", "puzzles", 16)]
+ANIMALS = ["chickens", "cows", "ducks", "goats", "pigs", "sheep", "horses"]
+VEHICLES = ["bike", "car", "boat", "bus", "scooter", "train"]
+EVENTS = ["bake sale", "school fair", "garage sale", "farmers market", "charity run", "craft fair", "book drive"]
+CONTAINERS = [("crate", "crates"), ("basket", "baskets"), ("box", "boxes"), ("bag", "bags"), ("tray", "trays")]
+ROOMS = ["living room", "kitchen", "bedroom", "classroom", "hallway", "garage", "patio"]
+FRACS = ["half", "a third", "a quarter", "a fifth"]
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October"]
+
+
+def _story_problem(rng: random.Random) -> str:
+    """One multi-step word problem from ~30 narrative families (people with pronouns, jobs, goods, rates, fractions,
+    percentages, ratios, ages, time, geometry), several phrasings each."""
+    (a, s, p), (b, _, p2), (c, _, _) = rng.sample(PEOPLE, 3)
+    o = "him" if s == "he" else "her"
+    one, many, price = rng.choice(GOODS)
+    job, event, room = rng.choice(JOBS), rng.choice(EVENTS), rng.choice(ROOMS)
+    box, boxes = rng.choice(CONTAINERS)
+    fw = rng.choice(FRACS)
+    n, m, k = rng.randint(4, 90), rng.randint(2, 15), rng.randint(2, 9)
+    pct = rng.choice([5, 10, 12, 15, 20, 25, 30, 40, 60, 75, 80])
+    hrs, rate = rng.randint(2, 12), rng.randint(9, 45)
+    S = s.capitalize()
+    ask = rng.choice(["How many", "How many total", "In all, how many"])
+    money = rng.choice(["How much money", "How many dollars", "How much"])
+    fam = [
+        lambda: f"{a} sold {fw} of {p} {many} at the {event}, {m} more to {p} neighbor, and half of what was left to "
+                f"{b}. If {a} has {k} {many} left, how many did {s} start with?",
+        lambda: f"{a} is a {job}. {S} charges ${rate} an hour and worked {hrs} hours on Monday, {hrs + m} hours on "
+                f"Wednesday and {k} hours on Saturday. {money} did {a} earn this week?",
+        lambda: f"{a} makes {many} to sell at the {event}. Each one costs ${price} to make and sells for "
+                f"${price + k}. If {s} sells {n} {many}, how much profit does {s} make?",
+        lambda: f"{a}'s {VEHICLES[n % 6]} travels at {rate} miles per hour. {S} travels from {k} to {k + hrs % 5 + 1} PM. "
+                f"{S} then travels back at {max(2, rate - m)} miles per hour. How long does it take {a} to get back?",
+        lambda: f"{a} buys a {one} for {p} friend. {S} pays ${price * 20} for the materials and then another "
+                f"${price * 30} for the labor. After that, {s} pays {pct}% of that to have it wrapped and shipped. "
+                f"{money} did {s} pay in total?",
+        lambda: f"{a} spends {k} hours practicing piano and then reads for half as long. {S} does this {m % 5 + 2} "
+                f"times a week. How many hours does {s} spend practicing and reading in {hrs} weeks?",
+        lambda: f"{a}'s first album sold {k} times as many copies as {b}'s. If they sold {(k + 1) * n * 1000:,} copies "
+                f"combined, how many copies did {b} sell?",
+        lambda: f"A farmer has {n} {ANIMALS[m % 7]} and {k * 3} {ANIMALS[(m + 3) % 7]}. How many legs do the "
+                f"animals have altogether?",
+        lambda: f"{a}'s hens lay {n} eggs a day. {S} eats {k % 4 + 1} every morning and bakes with {m % 6 + 2} "
+                f"every day. {S} sells the rest at the {event} for ${k % 3 + 2} per dozen. How much does {s} make "
+                f"every week?",
+        lambda: f"The ratio of boys to girls in a {rng.choice(['dance', 'chess', 'art', 'swimming', 'coding', 'cooking'])} class is {k}:{m}. If there are {(k + m) * (n % 6 + 2)} "
+                f"students in the class, how many girls are there?",
+        lambda: f"{a} wants to buy a {VEHICLES[k % 6]} that costs ${rate * 20}. {S} already has ${rate * 4} and "
+                f"earns ${rate} a week as a {job}. {S} also gets ${m * 5} from {p} grandmother every {k} weeks. How many "
+                f"weeks will it take {a} to have enough money?",
+        lambda: f"A {room} is {m + 8} feet long and {k + 6} feet wide. Carpet costs ${k % 5 + 2} per square foot and "
+                f"installation costs a flat ${n * 3}. How much will it cost to carpet the {room}?",
+        lambda: f"{a} scored {60 + n % 35}, {55 + m * 3}, {70 + k * 2} and {50 + rate} on {p} first four tests. What "
+                f"score does {s} need on the fifth test to have an average of {80 + k}?",
+        lambda: f"In {k} years, {a} will be {m % 3 + 2} times as old as {b} is now. If {b} is {n % 20 + 5} years old "
+                f"now, how old is {a} now?",
+        lambda: f"A dinner for {k} people costs ${n * k}. They add a {pct}% tip and split the bill evenly. How much "
+                f"does each person pay?",
+        lambda: f"A store sells a {one} for ${price * 10}. During a sale the price is cut by {pct}%, and then "
+                f"{a} uses a coupon for ${m} off the sale price. How much does {a} pay?",
+        lambda: f"A basketball team scored {n % 30 + 10} two-pointers, {m} three-pointers and {k * 2} free throws. "
+                f"Their opponents scored half as many two-pointers and twice as many three-pointers but no free throws. "
+                f"What is the total number of points scored by both teams?",
+        lambda: f"A tank holds {n * 10} gallons of water. It is {fw} full. A pipe fills it at {k} gallons per minute. "
+                f"How many minutes will it take to fill the tank?",
+        lambda: f"{a} runs {k} laps around a track that is {m * 50} meters long every day except Sunday. How many "
+                f"kilometers does {s} run in {hrs % 4 + 1} weeks?",
+        lambda: f"{a} packs {n * k} {many} into {boxes}. Each {box} holds {k} {many}. {S} gives {m % k + 1} {boxes} "
+                f"to {b} and sells the rest for ${price * k} per {box}. How much money does {s} get?",
+        lambda: f"{a} ordered {k + 2} pizzas with {rng.choice([6, 8, 10, 12])} slices each for a party. {b} ate {m % 4 + 2} "
+                f"slices, {c} ate twice as many as {b}, and the other {n % 12 + 5} guests ate 2 slices each. How many "
+                f"slices were left?",
+        lambda: f"{a} got a raise of {pct}% on {p} salary of ${rate * 1000:,} a year. {S} then spends a {fw[2:] if fw.startswith('a ') else 'half'} "
+                f"of {p} new salary on rent. How much is left for {a} each year after rent?",
+        lambda: f"It takes {a} {k * 5} minutes to walk to school and {b} {min(m * 2, k * 5 - 3)} minutes less to ride {p2} bike. "
+                f"If they both leave at 7:{10 + k} AM, how many minutes earlier does {b} arrive?",
+        lambda: f"{a} reads {m * 5} pages on weekdays and {n % 40 + 20} pages on each weekend day. How many weeks "
+                f"does it take {o} to finish a {(m * 25 + 2 * (n % 40 + 20)) * k} page book?",
+        lambda: f"{a} has {n} marbles. {b} has {k} times as many marbles as {a}, and {c} has {m} fewer than {b}. "
+                f"{ask} marbles do the three of them have?",
+        lambda: f"A subscription costs ${rate % 15 + 5} a month or ${(rate % 15 + 5) * 10} a year. How much does {a} "
+                f"save in {k} years by paying yearly instead of monthly?",
+        lambda: f"{a} plants {m} rows of tomatoes with {k + 4} plants in each row. Each plant gives {n % 20 + 5} "
+                f"tomatoes, but {pct}% of the tomatoes are eaten by birds. How many tomatoes does {a} harvest?",
+        lambda: f"The temperature at {k} AM was {n % 30 + 5} degrees. It rose {m} degrees every hour until noon and "
+                f"then fell {k % 4 + 1} degrees every hour. What was the temperature at {hrs % 6 + 3} PM?",
+        lambda: f"In {MONTHS[k]}, {a} saved ${n}. Each month after that {s} saved ${m * 5} more than the month "
+                f"before. How much had {s} saved in total by the end of {MONTHS[k + 2 if k < 8 else 9]}?",
+        lambda: f"{a} and {b} are painting a fence. {a} can paint it alone in {k * 2} hours and {b} in {k * 3} "
+                f"hours. How long will it take them working together?",
+        lambda: f"A recipe for {k * 2} {many} needs {m} cups of flour and {fw} cup of sugar. {a} wants to make "
+                f"{k * 2 * (n % 5 + 2)} {many} for the {event}. How many cups of flour and sugar does {s} need?",
+        lambda: f"{a} drove {rate * hrs} miles in {hrs} hours. {b} drove {rate * hrs + m * 10} miles in "
+                f"{hrs + 1} hours. Who drove faster, and by how many miles per hour?",
+    ]
+    return rng.choice(fam)()
+
+
 def _stdlib_modules(root: Path) -> list[ast.Module]:
     """The parsed modules of the standard library (tests, IDLE and lib2to3 left out; never imported)."""
     modules = []
@@ -111,9 +225,10 @@ def _method_stubs(modules: list[ast.Module]) -> list[str]:
     return stubs
 
 
-def domain_prompts(math: int, code: int, seed: int = 0, methods: int = 0) -> list[str]:
-    """`math` word problems, up to `code` standard-library function stubs and up to `methods` method stubs, shuffled
-    together (seeded; `methods=0` gives the same list as before method stubs existed)."""
+def domain_prompts(math: int, code: int, seed: int = 0, methods: int = 0, stories: int = 0) -> list[str]:
+    """`math` word problems, up to `code` standard-library function stubs, up to `methods` method stubs and `stories`
+    narrative word problems, shuffled together (seeded; `methods=0, stories=0` give the same list as before those
+    existed)."""
     rng = random.Random(seed)
     problems = list(dict.fromkeys(_math_problem(rng) for _ in range(math * 2)))[:math]
     modules = _stdlib_modules(Path(sysconfig.get_paths()["stdlib"]))
@@ -126,6 +241,10 @@ def domain_prompts(math: int, code: int, seed: int = 0, methods: int = 0) -> lis
         random.Random(seed + 1).shuffle(extra)
         rows += extra[:methods]
         random.Random(seed + 2).shuffle(rows)
+    if stories:
+        story_rng = random.Random(seed + 3)
+        rows += list(dict.fromkeys(_story_problem(story_rng) for _ in range(stories * 2)))[:stories]
+        random.Random(seed + 4).shuffle(rows)
     return rows
 
 
@@ -139,12 +258,14 @@ def main() -> None:
     p.add_argument("--math", type=int, default=1500, help="how many math word problems")
     p.add_argument("--code", type=int, default=1500, help="how many stdlib function stubs (at most what exists)")
     p.add_argument("--methods", type=int, default=0, help="how many stdlib class-method stubs (at most what exists)")
+    p.add_argument("--stories", type=int, default=0,
+                   help="how many narrative multi-step word problems (~30 families, several phrasings each)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--exclude", type=Path, action="append", default=[], metavar="JSONL",
                    help="leave out prompts already in this file (an earlier run's output); repeatable")
     args = p.parse_args()
     seen = set().union(*map(_texts, args.exclude))
-    rows = [r for r in domain_prompts(args.math, args.code, args.seed, args.methods) if r not in seen]
+    rows = [r for r in domain_prompts(args.math, args.code, args.seed, args.methods, args.stories) if r not in seen]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")

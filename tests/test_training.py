@@ -635,3 +635,20 @@ def test_domain_prompts_add_method_stubs_without_changing_the_earlier_list():
     for stub in methods:
         cls = ast.parse(stub + "        pass\n").body[0]  # a class with one documented public method
         assert isinstance(cls, ast.ClassDef) and not cls.body[0].name.startswith("_") and ast.get_docstring(cls.body[0])
+
+
+def test_domain_prompts_add_story_problems_without_changing_the_earlier_list():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "make_domain_prompts.py"
+    spec = importlib.util.spec_from_file_location("make_domain_prompts", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    before = mod.domain_prompts(math=5, code=0, seed=0)
+    after = mod.domain_prompts(math=5, code=0, seed=0, stories=200)
+    assert before == mod.domain_prompts(math=5, code=0, seed=0) and set(before) < set(after)
+    stories = [r for r in after if r not in before]
+    assert len(stories) == len(set(stories)) == 200
+    assert all(s.endswith("?") and "{" not in s and " -" not in s for s in stories)  # a question, fully formatted
+    assert len({s.split()[0] for s in stories}) > 20  # many families and people, not one template
+    assert stories == [r for r in mod.domain_prompts(math=5, code=0, seed=0, stories=200) if r not in before]  # seeded
