@@ -618,14 +618,21 @@ def test_a_zlab_layout_drafter_is_refused_for_training(tiny, data_dir, tmp_path)
         Trainer(drafter, model, TokenDataset(data_dir, model, tok), cfg, pad_id=0, log=lambda *_: None)
 
 
-def test_domain_prompts_add_method_stubs_without_changing_the_earlier_list():
-    import ast
+def _domain_prompts_script():
+    """scripts/make_domain_prompts.py as a module (scripts/ is not a package)."""
     import importlib.util
 
     path = Path(__file__).resolve().parents[1] / "scripts" / "make_domain_prompts.py"
     spec = importlib.util.spec_from_file_location("make_domain_prompts", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_domain_prompts_add_method_stubs_without_changing_the_earlier_list():
+    import ast
+
+    mod = _domain_prompts_script()
     before = mod.domain_prompts(math=5, code=5, seed=0)
     after = mod.domain_prompts(math=5, code=5, seed=0, methods=5)
     assert len(after) == 15 and set(before) < set(after)
@@ -638,12 +645,7 @@ def test_domain_prompts_add_method_stubs_without_changing_the_earlier_list():
 
 
 def test_domain_prompts_add_story_problems_without_changing_the_earlier_list():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "make_domain_prompts.py"
-    spec = importlib.util.spec_from_file_location("make_domain_prompts", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _domain_prompts_script()
     before = mod.domain_prompts(math=5, code=0, seed=0)
     after = mod.domain_prompts(math=5, code=0, seed=0, stories=200)
     assert before == mod.domain_prompts(math=5, code=0, seed=0) and set(before) < set(after)
