@@ -3,32 +3,42 @@
 - math: grade-school word problems built from templates here (names, items and numbers drawn at random), in the
   shape of GSM8K questions but none of its text; `--stories` draws multi-step narrative ones from ~30 more families;
 - code: function stubs (signature + docstring) of the Python standard library's own functions, in the shape of
-  HumanEval prompts (read with `ast`, never imported);
+  HumanEval prompts (read with `ast`, never imported); `--tasks` writes small programming tasks from ~32 families
+  (requests with a worked example, signature + docstring stubs, code to complete; no doctests);
 - chat prompts are not made here: ShareGPT's first turns already cover MT-Bench's domain.
 
 The output is JSONL with a `text` field, ready for `hf-dspark make-data --prompts FILE` (which decontaminates it
 against GSM8K, HumanEval and MT-Bench as for any prompt file).
 
     python scripts/make_domain_prompts.py --out runs/prompts-domain.jsonl --math 1500 --code 1500
-    python scripts/make_domain_prompts.py --out runs/prompts-domain2.jsonl --math 1500 --code 0 --methods 1500 \
+    python scripts/make_domain_prompts.py --out runs/prompts-domain2.jsonl --math 1000 --code 0 --methods 2164 \
         --seed 1 --exclude runs/prompts-domain.jsonl
     python scripts/make_domain_prompts.py --out runs/prompts-domain3.jsonl --math 0 --code 0 --methods 2164 --stories 1300 \
         --seed 2 --exclude runs/prompts-domain.jsonl --exclude runs/prompts-domain2.jsonl
+    python scripts/make_domain_prompts.py --out runs/prompts-domain4.jsonl --math 0 --code 0 --stories 1500 --tasks 3000 \
+        --seed 3 --exclude runs/prompts-domain3.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import collections
+import functools
+import itertools
 import json
 import random
 import sysconfig
+from math import gcd
 from pathlib import Path
 
 NAMES = ["Maria", "James", "Aisha", "Tom", "Lena", "Carlos", "Mei", "Omar", "Sofia", "Ravi", "Nina", "Jack", "Emma",
          "Liam", "Zoe", "Ben", "Priya", "Hugo", "Ana", "Kofi", "Yuki", "Sam", "Eva", "Noah"]
 ITEMS = [("apple", "apples"), ("pencil", "pencils"), ("sticker", "stickers"), ("book", "books"), ("cookie", "cookies"),
          ("marble", "marbles"), ("card", "cards"), ("flower", "flowers"), ("egg", "eggs"), ("shell", "shells")]
+WORDS = ["river", "apple", "garden", "silver", "cloud", "window", "tiger", "orange", "pencil", "mountain", "echo",
+         "lamp", "violet", "island", "rocket", "bread", "ocean", "maple", "candle", "forest", "idea", "amber", "storm",
+         "lemon", "castle", "eagle", "umbrella", "spark", "coffee", "music", "basket", "engine", "olive", "desert"]
 PLACES = ["the market", "the bakery", "the bookstore", "the fair", "the garden center", "the toy shop"]
 
 
@@ -183,6 +193,172 @@ def _story_problem(rng: random.Random) -> str:
     return rng.choice(fam)()
 
 
+def _ints(rng: random.Random, n: int = 6, lo: int = -9, hi: int = 30) -> list[int]:
+    return [rng.randint(lo, hi) for _ in range(rng.randint(max(2, n - 2), n + 2))]
+
+
+def _words(rng: random.Random) -> list[str]:
+    return rng.sample(WORDS, rng.randint(3, 6))
+
+
+def _sentence(rng: random.Random) -> str:
+    return " ".join(_words(rng))
+
+
+def _task_families(rng: random.Random) -> list:
+    """Small programming tasks: (function names, params, return type, imperative verb, the rest of the description,
+    the reference implementation, an example input generator). Constants are drawn here so one family gives many
+    tasks; the example's result is computed by the reference, so it is right."""
+    k, t = rng.randint(2, 9), rng.randint(3, 20)
+    c = rng.choice("aeiobcdlmst")
+    lo, hi = sorted(rng.sample(range(-10, 40), 2))
+    d = rng.randint(1, 3)
+    nums, text, words = "numbers: list[int]", "text: str", "words: list[str]"
+    return [
+        (["count_multiples", f"count_divisible_by_{k}"], nums, "int", "Count",
+         f"how many numbers in the list are divisible by {k}", lambda xs: sum(x % k == 0 for x in xs), lambda: (_ints(rng),)),
+        (["sum_above", "total_over_threshold"], nums, "int", "Return",
+         f"the sum of the numbers greater than {t}", lambda xs: sum(x for x in xs if x > t), lambda: (_ints(rng),)),
+        (["long_words", "filter_long_words"], words, "list[str]", "Return",
+         f"the words longer than {k % 5 + 2} characters, in their original order",
+         lambda ws: [w for w in ws if len(w) > k % 5 + 2], lambda: (_words(rng),)),
+        (["words_starting_with", "select_by_initial"], words, "list[str]", "Return",
+         f"the words that start with the letter {c!r}, ignoring case", lambda ws: [w for w in ws if w.lower().startswith(c)],
+         lambda: (_words(rng),)),
+        (["reverse_each_word", "mirror_words"], text, "str", "Reverse",
+         "every word of the text but keep the words in their order (words are separated by single spaces)",
+         lambda s: " ".join(w[::-1] for w in s.split(" ")), lambda: (_sentence(rng),)),
+        (["count_vowels", "vowel_count"], text, "int", "Count",
+         "the vowels (a, e, i, o, u, upper or lower case) in the text", lambda s: sum(ch in "aeiouAEIOU" for ch in s),
+         lambda: (_sentence(rng).capitalize(),)),
+        (["digit_sum", "sum_of_digits"], "n: int", "int", "Return",
+         "the sum of the decimal digits of a non-negative integer", lambda n: sum(map(int, str(n))),
+         lambda: (rng.randint(10, 99999),)),
+        (["running_max", "prefix_maximum"], nums, "list[int]", "Return",
+         "a list whose i-th element is the largest of the first i + 1 numbers",
+         lambda xs: [max(xs[: i + 1]) for i in range(len(xs))], lambda: (_ints(rng),)),
+        (["differences", "consecutive_gaps"], nums, "list[int]", "Return",
+         "the differences between each number and the one before it (one element shorter than the input)",
+         lambda xs: [b - a for a, b in zip(xs, xs[1:])], lambda: (_ints(rng),)),
+        (["unique_in_order", "dedupe"], nums, "list[int]", "Remove",
+         "repeated numbers from the list, keeping the first occurrence of each and the original order",
+         lambda xs: list(dict.fromkeys(xs)), lambda: ([rng.randint(0, 6) for _ in range(8)],)),
+        (["rotate_left", "rotate"], f"{nums}, steps: int", "list[int]", "Rotate",
+         "the list left by `steps` positions (steps may be larger than the list)",
+         lambda xs, s: xs[s % len(xs):] + xs[: s % len(xs)], lambda: (_ints(rng), rng.randint(1, 9))),
+        (["chunks", "split_into_groups"], f"{nums}, size: int", "list[list[int]]", "Split",
+         "the list into consecutive groups of `size` numbers; the last group may be shorter",
+         lambda xs, n: [xs[i : i + n] for i in range(0, len(xs), n)], lambda: (_ints(rng, 8), rng.randint(2, 4))),
+        (["second_largest", "runner_up"], nums, "int | None", "Return",
+         "the second largest distinct number, or None when there is no such number",
+         lambda xs: sorted(set(xs))[-2] if len(set(xs)) > 1 else None, lambda: (_ints(rng),)),
+        (["word_frequencies", "count_words"], text, "dict[str, int]", "Count",
+         "how often each word occurs in the text, case-insensitively, as a dictionary from word to count",
+         lambda s: dict(collections.Counter(s.lower().split())),
+         lambda: (" ".join(rng.choice(WORDS[:6]) for _ in range(6)),)),
+        (["title_case", "capitalize_words"], text, "str", "Capitalize",
+         "the first letter of every word and lower-case the rest", lambda s: " ".join(w.capitalize() for w in s.split()),
+         lambda: (_sentence(rng).upper(),)),
+        (["caesar_shift", f"shift_letters_by_{k}"], text, "str", "Shift",
+         f"every lower-case letter {k} places forward in the alphabet, wrapping from z to a; leave other characters as they are",
+         lambda s: "".join(chr((ord(ch) - 97 + k) % 26 + 97) if "a" <= ch <= "z" else ch for ch in s),
+         lambda: (_sentence(rng) + "!",)),
+        (["fizz_labels", "label_multiples"], "n: int", "list[str]", "Return",
+         f"the numbers 1 to n as strings, with multiples of {k} replaced by 'Fizz', multiples of {k + 2} by 'Buzz', "
+         "and multiples of both by 'FizzBuzz'",
+         lambda n: ["FizzBuzz" if i % k == 0 and i % (k + 2) == 0 else "Fizz" if i % k == 0 else "Buzz" if i % (k + 2) == 0
+                    else str(i) for i in range(1, n + 1)], lambda: (rng.randint(6, 12),)),
+        (["gcd_of_list", "common_divisor"], nums, "int", "Return",
+         "the greatest common divisor of a list of positive integers", lambda xs: gcd(*xs),
+         lambda: ([k * rng.randint(1, 12) for _ in range(4)],)),
+        (["prime_check", "check_prime"], "n: int", "bool", "Check",
+         "whether n is a prime number", lambda n: n > 1 and all(n % i for i in range(2, int(n**0.5) + 1)),
+         lambda: (rng.randint(2, 200),)),
+        (["sequence_term", "nth_term"], "n: int", "int", "Return",
+         f"the n-th term (0-based) of the sequence that starts {k}, {t} and continues with the sum of the two terms before",
+         lambda n: _two_term_sum(k, t, n), lambda: (rng.randint(3, 12),)),
+        (["collatz_steps", "steps_to_one"], "n: int", "int", "Count",
+         "the steps it takes to reach 1 from n when an even number is halved and an odd one becomes 3 * n + 1",
+         _collatz, lambda: (rng.randint(2, 60),)),
+        (["merge_sorted", "merge_lists"], "a: list[int], b: list[int]", "list[int]", "Merge",
+         "two sorted lists into one sorted list without calling sort", lambda a, b: sorted(a + b),
+         lambda: (sorted(_ints(rng, 4)), sorted(_ints(rng, 4)))),
+        (["flatten", "flatten_once"], "nested: list[list[int]]", "list[int]", "Flatten",
+         "a list of lists into one list, in order", lambda xs: [x for row in xs for x in row],
+         lambda: ([_ints(rng, 2) for _ in range(3)],)),
+        (["count_pairs_with_sum", "pairs_summing_to"], f"{nums}, target: int", "int", "Count",
+         "the pairs of positions i < j whose numbers add up to target",
+         lambda xs, s: sum(xs[i] + xs[j] == s for i in range(len(xs)) for j in range(i + 1, len(xs))),
+         lambda: ([rng.randint(0, 9) for _ in range(7)], rng.randint(5, 12))),
+        (["longest_run", "max_streak"], nums, "int", "Return",
+         "the length of the longest run of equal consecutive numbers",
+         lambda xs: max(len(list(g)) for _, g in itertools.groupby(xs)), lambda: ([rng.randint(0, 3) for _ in range(9)],)),
+        (["most_common_char", "top_letter"], text, "str", "Return",
+         "the letter that occurs most often in the text, ignoring spaces; on a tie, the one that occurs first",
+         lambda s: max(s.replace(" ", ""), key=s.replace(" ", "").count), lambda: (_sentence(rng),)),
+        (["to_snake_case", "camel_to_snake"], "name: str", "str", "Convert",
+         "a camelCase name to snake_case", lambda s: "".join("_" + ch.lower() if ch.isupper() else ch for ch in s),
+         lambda: ("".join(w.capitalize() if i else w for i, w in enumerate(_words(rng)[:3])),)),
+        (["average", "mean_rounded"], nums, "float", "Return",
+         f"the mean of the numbers rounded to {d} decimal places", lambda xs: round(sum(xs) / len(xs), d),
+         lambda: (_ints(rng),)),
+        (["clamp_all", "clip_values"], nums, "list[int]", "Clamp",
+         f"every number to the range [{lo}, {hi}]", lambda xs: [min(max(x, lo), hi) for x in xs],
+         lambda: (_ints(rng, 6, -20, 50),)),
+        (["interleave", "zip_strings"], "a: str, b: str", "str", "Interleave",
+         "the characters of two strings, starting with a; the rest of the longer string goes at the end",
+         lambda a, b: "".join(x + y for x, y in zip(a, b)) + a[len(b):] + b[len(a):],
+         lambda: tuple(rng.sample(WORDS, 2))),
+        (["count_set_bits", "ones_in_binary"], "n: int", "int", "Count",
+         "the 1 bits in the binary representation of a non-negative integer", lambda n: bin(n).count("1"),
+         lambda: (rng.randint(1, 1000),)),
+        (["positions_of", "find_all"], f"{nums}, value: int", "list[int]", "Return",
+         "the indices at which value occurs in the list", lambda xs, v: [i for i, x in enumerate(xs) if x == v],
+         lambda: ([rng.randint(0, 4) for _ in range(8)], rng.randint(0, 4))),
+    ]
+
+
+def _two_term_sum(a: int, b: int, n: int) -> int:
+    """The n-th term (0-based) of a, b, a + b, ..."""
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+def _collatz(n: int) -> int:
+    steps = 0
+    while n != 1:
+        n, steps = (n // 2 if n % 2 == 0 else 3 * n + 1), steps + 1
+    return steps
+
+
+def _code_task(rng: random.Random) -> str:
+    """One small programming task from ~32 families in one of five shapes: a request with a worked example, a
+    signature + docstring stub, a request to implement and test, a casual question, or code to complete. No doctest
+    prompts (`>>>`): those read as HumanEval's and the decontamination drops them."""
+    names, params, ret, verb, rest, ref, example = rng.choice(_task_families(rng))
+    name = rng.choice(names)
+    args = example()
+    call, result = f"{name}({', '.join(map(repr, args))})", repr(ref(*args))
+    sig, does = f"{name}({params}) -> {ret}", f"{verb.lower()}s {rest}"
+    stub = f'def {sig}:\n    """{verb} {rest}.\n\n    Example: {call} returns {result}.\n    """\n'
+    shapes = [
+        lambda: f"Write a Python function `{sig}` that {does}. For example, `{call}` should return `{result}`.",
+        lambda: stub,
+        lambda: f"Implement `{name}` in Python: it takes ({params}) and {does}. Add a docstring and show "
+                f"what `{call}` gives.",
+        lambda: f"I need a Python function called {name} that {does}. Can you write it and explain how it works?",
+        lambda: f"Complete the following Python function:\n\n```python\n{stub}```",
+    ]
+    return rng.choice(shapes)()
+
+
+def _code_tasks(n: int, seed: int) -> list[str]:
+    """`n` distinct programming tasks (seeded)."""
+    rng = random.Random(seed + 5)
+    return list(dict.fromkeys(_code_task(rng) for _ in range(n * 2)))[:n]
+
+
 def _stdlib_modules(root: Path) -> list[ast.Module]:
     """The parsed modules of the standard library (tests, IDLE and lib2to3 left out; never imported)."""
     modules = []
@@ -225,19 +401,28 @@ def _method_stubs(modules: list[ast.Module]) -> list[str]:
     return stubs
 
 
-def domain_prompts(math: int, code: int, seed: int = 0, methods: int = 0, stories: int = 0) -> list[str]:
-    """`math` word problems, up to `code` standard-library function stubs, up to `methods` method stubs and `stories`
-    narrative word problems, shuffled together (seeded; `methods=0, stories=0` give the same list as before those
-    existed)."""
+@functools.lru_cache(maxsize=1)
+def _stdlib_stubs() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(function stubs, method stubs) of the standard library, parsed once per process (~20 s)."""
+    modules = _stdlib_modules(Path(sysconfig.get_paths()["stdlib"]))
+    return tuple(_function_stubs(modules)), tuple(_method_stubs(modules))
+
+
+def domain_prompts(
+    math: int, code: int, seed: int = 0, methods: int = 0, stories: int = 0, tasks: int = 0
+) -> list[str]:
+    """`math` word problems, up to `code` standard-library function stubs, up to `methods` method stubs, `stories`
+    narrative word problems and `tasks` programming tasks, shuffled together (seeded; `methods=0, stories=0, tasks=0`
+    give the same list as before those existed)."""
     rng = random.Random(seed)
     problems = list(dict.fromkeys(_math_problem(rng) for _ in range(math * 2)))[:math]
-    modules = _stdlib_modules(Path(sysconfig.get_paths()["stdlib"]))
-    stubs = _function_stubs(modules)
+    function_stubs, method_stubs = _stdlib_stubs()
+    stubs = list(function_stubs)
     rng.shuffle(stubs)
     rows = problems + stubs[:code]
     rng.shuffle(rows)
     if methods:
-        extra = _method_stubs(modules)
+        extra = list(method_stubs)
         random.Random(seed + 1).shuffle(extra)
         rows += extra[:methods]
         random.Random(seed + 2).shuffle(rows)
@@ -245,6 +430,9 @@ def domain_prompts(math: int, code: int, seed: int = 0, methods: int = 0, storie
         story_rng = random.Random(seed + 3)
         rows += list(dict.fromkeys(_story_problem(story_rng) for _ in range(stories * 2)))[:stories]
         random.Random(seed + 4).shuffle(rows)
+    if tasks:
+        rows += _code_tasks(tasks, seed)
+        random.Random(seed + 6).shuffle(rows)
     return rows
 
 
@@ -260,20 +448,26 @@ def main() -> None:
     p.add_argument("--methods", type=int, default=0, help="how many stdlib class-method stubs (at most what exists)")
     p.add_argument("--stories", type=int, default=0,
                    help="how many narrative multi-step word problems (~30 families, several phrasings each)")
+    p.add_argument("--tasks", type=int, default=0,
+                   help="how many small programming tasks (~32 families, five shapes: requests, stubs, code to complete)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--exclude", type=Path, action="append", default=[], metavar="JSONL",
                    help="leave out prompts already in this file (an earlier run's output); repeatable")
     args = p.parse_args()
     seen = set().union(*map(_texts, args.exclude))
-    rows = [r for r in domain_prompts(args.math, args.code, args.seed, args.methods, args.stories) if r not in seen]
+    rows = domain_prompts(args.math, args.code, args.seed, args.methods, args.stories, args.tasks)
+    rows = [r for r in rows if r not in seen]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
     tmp.replace(out)
-    code, methods = sum(r.startswith("def ") for r in rows), sum(r.startswith("class ") for r in rows)
-    print(f"wrote {len(rows)} prompts to {out}: {len(rows) - code - methods} math word problems, {code} standard-library "
-          f"function stubs, {methods} method stubs" + (f" (left out {len(seen)} prompts of {len(args.exclude)} files)" if seen else ""))
+    tasks = set(_code_tasks(args.tasks, args.seed)) if args.tasks else set()
+    code = sum(r.startswith("def ") and r not in tasks for r in rows)
+    methods, n_tasks = sum(r.startswith("class ") for r in rows), sum(r in tasks for r in rows)
+    print(f"wrote {len(rows)} prompts to {out}: {len(rows) - code - methods - n_tasks} math word problems, {code} "
+          f"standard-library function stubs, {methods} method stubs, {n_tasks} programming tasks"
+          + (f" (left out {len(seen)} prompts of {len(args.exclude)} files)" if seen else ""))
 
 
 if __name__ == "__main__":

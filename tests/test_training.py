@@ -644,7 +644,12 @@ def test_domain_prompts_add_method_stubs_without_changing_the_earlier_list():
         assert isinstance(cls, ast.ClassDef) and not cls.body[0].name.startswith("_") and ast.get_docstring(cls.body[0])
 
 
-def test_domain_prompts_add_story_problems_without_changing_the_earlier_list():
+def test_domain_prompts_add_story_problems_and_code_tasks_without_changing_the_earlier_lists():
+    import ast
+    import re
+
+    from hf_dspark.training.data import decontaminate, eval_prompts
+
     mod = _domain_prompts_script()
     before = mod.domain_prompts(math=5, code=0, seed=0)
     after = mod.domain_prompts(math=5, code=0, seed=0, stories=200)
@@ -653,4 +658,15 @@ def test_domain_prompts_add_story_problems_without_changing_the_earlier_list():
     assert len(stories) == len(set(stories)) == 200
     assert all(s.endswith("?") and "{" not in s and " -" not in s for s in stories)  # a question, fully formatted
     assert len({s.split()[0] for s in stories}) > 20  # many families and people, not one template
-    assert stories == [r for r in mod.domain_prompts(math=5, code=0, seed=0, stories=200) if r not in before]  # seeded
+    with_tasks = mod.domain_prompts(math=5, code=0, seed=0, stories=200, tasks=300)
+    assert set(after) < set(with_tasks) and len(with_tasks) == 505
+    tasks = [r for r in with_tasks if r not in after]
+    assert set(tasks) == set(mod._code_tasks(300, seed=0))  # seeded
+    assert decontaminate(tasks)[1] == 0  # nothing reads as an evaluation prompt
+    names = {m for t in tasks for m in re.findall(r"(\w+)\(", t)}
+    humaneval = set(re.findall(r"def (\w+)\(", "\n".join(eval_prompts()["humaneval"])))
+    assert len(names) > 40 and not names & humaneval  # many families, none named like a HumanEval function
+    shapes = ("Write a Python", "def ", "Implement `", "I need a Python", "Complete the following")
+    assert all(sum(t.startswith(s) for t in tasks) > 20 for s in shapes)
+    for stub in (t for t in tasks if t.startswith("def ")):  # valid Python: a signature and a docstring with an example
+        assert "Example: " in ast.get_docstring(ast.parse(stub + "    pass\n").body[0])
