@@ -31,6 +31,7 @@ import random
 import sysconfig
 from math import gcd
 from pathlib import Path
+from typing import Callable
 
 NAMES = ["Maria", "James", "Aisha", "Tom", "Lena", "Carlos", "Mei", "Omar", "Sofia", "Ravi", "Nina", "Jack", "Emma",
          "Liam", "Zoe", "Ben", "Priya", "Hugo", "Ana", "Kofi", "Yuki", "Sam", "Eva", "Noah"]
@@ -355,8 +356,12 @@ def _code_task(rng: random.Random) -> str:
 
 def _code_tasks(n: int, seed: int) -> list[str]:
     """`n` distinct programming tasks (seeded)."""
-    rng = random.Random(seed + 5)
-    return list(dict.fromkeys(_code_task(rng) for _ in range(n * 2)))[:n]
+    return _distinct(_code_task, random.Random(seed + 5), n)
+
+
+def _distinct(make: Callable[[random.Random], str], rng: random.Random, n: int) -> list[str]:
+    """Up to `n` distinct prompts, first occurrences in order, from 2n draws of `make(rng)`."""
+    return list(dict.fromkeys(make(rng) for _ in range(n * 2)))[:n]
 
 
 def _stdlib_modules(root: Path) -> list[ast.Module]:
@@ -415,7 +420,7 @@ def domain_prompts(
     narrative word problems and `tasks` programming tasks, shuffled together (seeded; `methods=0, stories=0, tasks=0`
     give the same list as before those existed)."""
     rng = random.Random(seed)
-    problems = list(dict.fromkeys(_math_problem(rng) for _ in range(math * 2)))[:math]
+    problems = _distinct(_math_problem, rng, math)
     function_stubs, method_stubs = _stdlib_stubs()
     stubs = list(function_stubs)
     rng.shuffle(stubs)
@@ -427,8 +432,7 @@ def domain_prompts(
         rows += extra[:methods]
         random.Random(seed + 2).shuffle(rows)
     if stories:
-        story_rng = random.Random(seed + 3)
-        rows += list(dict.fromkeys(_story_problem(story_rng) for _ in range(stories * 2)))[:stories]
+        rows += _distinct(_story_problem, random.Random(seed + 3), stories)
         random.Random(seed + 4).shuffle(rows)
     if tasks:
         rows += _code_tasks(tasks, seed)
