@@ -101,7 +101,12 @@ def _add_make_data(sub) -> None:
     p.add_argument("--out", required=True, help="data directory (created; resumed if it exists)")
     _add_target(p)
     p.add_argument("--max-prompts", type=int, default=None, help="stop after this many prompts of the shuffled list")
-    p.add_argument("--skip-prompts", type=int, default=0, help="drop the first N prompts (e.g. to make a held-out set)")
+    p.add_argument(
+        "--skip-prompts", type=int, default=0,
+        help="drop the first N prompts of the file (after decontamination, before the seeded shuffle; e.g. to keep a "
+        "held-out set). To extend a directory with more prompts of the same list, rerun it with a larger --max-prompts: "
+        "a new --out with --skip-prompts would reuse some of the prompts it already holds",
+    )
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--max-prompt-tokens", type=int, default=384, help="prompts longer than this are skipped")
     p.add_argument("--batch-size", type=int, default=16)
