@@ -15,13 +15,16 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers.utils import logging
 
 import hf_dspark
 from hf_dspark.bench import default_drafter
+from hf_dspark.cpu_load import OtherCpuUse, contention_warning
 from hf_dspark.step_table import InvalidStepTableError, load_or_profile, local_table_path
 from hf_dspark.targets import fast_dtype, load_target
 
@@ -53,31 +56,11 @@ def main() -> int:
           f"{' / '.join(policies)} at every step, against plain generate().")
     print("   acceptance per draft position k: P(draft k accepted | drafts before it accepted), over the steps that "
           "verified it; '-': no step verified a draft there\n")
-    plain_total, spec_total = 0.0, dict.fromkeys(policies, 0.0)
-    taus, accept, differs = [], [], False
-    for label, prompt in PROMPTS.items():
-        enc = tok(chat(tok, prompt), return_tensors="pt")
-        t_plain, ref = timed(lambda: model.generate(**enc, max_new_tokens=MAX_NEW_TOKENS, do_sample=False))
-        times, shown = {}, None
-        for policy, adaptive in policies.items():
-            kw = dict(max_new_tokens=MAX_NEW_TOKENS, do_sample=False, adaptive_verification=adaptive)
-            model.generate(**enc, **kw, assistant_model=drafter)  # warm-up (the scheduler also learns this device's prices)
-            times[policy], out = timed(lambda: model.generate(**enc, **kw, assistant_model=drafter))
-            spec_total[policy] += times[policy]
-            shown = shown or (out, drafter.last_stats)  # text and acceptance of the full block
-        out, stats = shown
-        plain_total += t_plain
-        taus.append(stats.mean_accepted_length)
-        accept.append(stats.per_position_acceptance)
-        prompt_len = enc["input_ids"].shape[1]
-        same = first_difference(out[0, prompt_len:], ref[0, prompt_len:])
-        differs |= same is not None
-        print(f"=== {label}: {prompt}")
-        print(tok.decode(out[0, prompt_len:], skip_special_tokens=True).strip())
-        acceptance = " ".join("-" if math.isnan(a) else f"{a:.2f}" for a in stats.per_position_acceptance)
-        print(f"--- full block: tau {stats.mean_accepted_length:.2f} | acceptance per position {acceptance} | same text "
-              "as plain generate(): " + ("yes" if same is None else f"no, from new token {same + 1} on"))
-        print(f"--- plain {t_plain:.2f} s; " + "; ".join(f"{p} {t:.2f} s: {t_plain / t:.2f}x" for p, t in times.items()) + "\n")
+    with OtherCpuUse() as load:
+        runs = [speed_run(model, tok, drafter, policies, label, prompt) for label, prompt in PROMPTS.items()]
+    plain_total = sum(r.plain_s for r in runs)
+    spec_total = {policy: sum(r.spec_s[policy] for r in runs) for policy in policies}
+    differs = any(r.differs_at is not None for r in runs)
     for policy, total in spec_total.items():
         print(
             f"overall: DSpark with {policy} {total:.2f} s against plain generate() {plain_total:.2f} s for {len(PROMPTS)} x "
@@ -92,8 +75,41 @@ def main() -> int:
             "several verify tokens rounds unlike one-token forwards, which can flip a near-tie; both are valid outputs "
             "of the model, and in fp32 DSpark is token-identical (check 1)"
         )
-    plot(accept, taus)
+    if load.busy:
+        print(contention_warning(load.cores))
+    plot([r.stats.per_position_acceptance for r in runs], [r.stats.mean_accepted_length for r in runs])
     return 0
+
+
+@dataclass
+class SpeedRun:
+    plain_s: float  # plain generate()
+    spec_s: dict[str, float]  # per verify policy
+    stats: Any  # DSparkStats of the full block
+    differs_at: int | None  # the first new token where the full block's text differs from plain generate()'s
+
+
+def speed_run(model, tok, drafter, policies: dict[str, bool], label: str, prompt: str) -> SpeedRun:
+    """One prompt: plain generate() and DSpark with each verify policy, each timed once after a warm-up; prints the
+    full block's text, tau, acceptance per position and the speedups."""
+    enc = tok(chat(tok, prompt), return_tensors="pt")
+    t_plain, ref = timed(lambda: model.generate(**enc, max_new_tokens=MAX_NEW_TOKENS, do_sample=False))
+    times, shown = {}, None
+    for policy, adaptive in policies.items():
+        kw = dict(max_new_tokens=MAX_NEW_TOKENS, do_sample=False, adaptive_verification=adaptive)
+        model.generate(**enc, **kw, assistant_model=drafter)  # warm-up (the scheduler also learns this device's prices)
+        times[policy], out = timed(lambda: model.generate(**enc, **kw, assistant_model=drafter))
+        shown = shown or (out, drafter.last_stats)  # text and acceptance of the full block
+    out, stats = shown
+    prompt_len = enc["input_ids"].shape[1]
+    same = first_difference(out[0, prompt_len:], ref[0, prompt_len:])
+    print(f"=== {label}: {prompt}")
+    print(tok.decode(out[0, prompt_len:], skip_special_tokens=True).strip())
+    acceptance = " ".join("-" if math.isnan(a) else f"{a:.2f}" for a in stats.per_position_acceptance)
+    print(f"--- full block: tau {stats.mean_accepted_length:.2f} | acceptance per position {acceptance} | same text "
+          "as plain generate(): " + ("yes" if same is None else f"no, from new token {same + 1} on"))
+    print(f"--- plain {t_plain:.2f} s; " + "; ".join(f"{p} {t:.2f} s: {t_plain / t:.2f}x" for p, t in times.items()) + "\n")
+    return SpeedRun(t_plain, times, stats, same)
 
 
 def exactness_check() -> bool:

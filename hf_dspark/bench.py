@@ -17,7 +17,9 @@ batch alike. Reported per contender:
 - decode: the same with each call's time to first token (the prefill, identical work for every contender)
   taken out, and the first token of each row not counted; TTFT is the median time to first token per call;
 - scheduler ms/step: time in the verify policy (the scheduler's decisions and bookkeeping) per decoding step;
-- `identical_to_plain` compares greedy outputs with an untimed plain pass.
+- `identical_to_plain` compares greedy outputs with an untimed plain pass;
+- `other_cpu_cores`: how many cores other processes kept busy during the timed passes; above 0.25 the report warns
+  that the timings measure contention (a bench beside a training job is not a bench).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from typing import Any, Callable
 
 import torch
 from tqdm.auto import tqdm
+
+from . import cpu_load
 
 CONTENDERS = ("plain", "prompt_lookup", "hf_dflash", "dflash", "dspark", "dspark_adaptive", "dspark_hf_loop")
 PROMPT_SETS = ("gsm8k", "humaneval", "mtbench")
@@ -69,6 +73,7 @@ class Record:
     calls_s: list[list[float]] = field(default_factory=list)  # [pass][batch] seconds of each call
     calls_ttft_s: list[list[float]] = field(default_factory=list)  # [pass][batch] time to first token
     synthetic_acceptance: float | None = None  # set when the drafts were synthetic (see --synthetic-acceptance)
+    other_cpu_cores: float | None = None  # cores other processes kept busy during the timed passes (cpu_load.py)
 
 
 def load_prompts(spec: str, n: int) -> list[str]:
@@ -219,18 +224,10 @@ class Bench:
         outputs = {r.contender: [None] * len(encoded) for r in timed}  # of the last pass
         stats = {r.contender: [[] for _ in encoded] for r in timed}  # drafter stats of the last pass
         traces = {r.contender: [] for r in timed}  # [pass][call][step] of every pass
-        for p in tqdm(range(repeats), desc=f"{prompt_set} bs={batch_size}", leave=False):
-            for rec in timed:
-                rec.calls_s.append([])
-                rec.calls_ttft_s.append([])
-            for b, enc in enumerate(encoded):
-                self._draw = p * len(encoded) + b  # synthetic drafts: one draw per call, shared by its contenders
-                k = (p * len(encoded) + b) % len(timed)
-                for rec in timed[k:] + timed[:k]:
-                    outputs[rec.contender][b], stats[rec.contender][b] = self._timed_call(runs[rec.contender], enc, rec)
-            for rec in timed:
-                if done := [s for per_batch in stats[rec.contender] for s in per_batch]:
-                    traces[rec.contender].append([_trace(s) for s in done])
+        with cpu_load.OtherCpuUse() as load:
+            self._timed_passes(encoded, timed, runs, outputs, stats, traces, repeats, f"{prompt_set} bs={batch_size}")
+        for rec in timed:
+            rec.other_cpu_cores = load.cores
         for rec in timed:
             new = [  # new tokens per row, all batches of the last pass
                 n for out, enc in zip(outputs[rec.contender], encoded)
@@ -254,6 +251,22 @@ class Bench:
                 rec.step_trace = traces[rec.contender]
         compare_with_plain(records)
         return records
+
+    def _timed_passes(self, encoded, timed, runs, outputs, stats, traces, repeats: int, desc: str) -> None:
+        """`repeats` passes; in each, every batch is run by all contenders back to back, in an order that rotates from
+        call to call. Fills each record's call times, and outputs / stats (of the last pass) / traces (every pass)."""
+        for p in tqdm(range(repeats), desc=desc, leave=False):
+            for rec in timed:
+                rec.calls_s.append([])
+                rec.calls_ttft_s.append([])
+            for b, enc in enumerate(encoded):
+                self._draw = p * len(encoded) + b  # synthetic drafts: one draw per call, shared by its contenders
+                k = (p * len(encoded) + b) % len(timed)
+                for rec in timed[k:] + timed[:k]:
+                    outputs[rec.contender][b], stats[rec.contender][b] = self._timed_call(runs[rec.contender], enc, rec)
+            for rec in timed:
+                if done := [s for per_batch in stats[rec.contender] for s in per_batch]:
+                    traces[rec.contender].append([_trace(s) for s in done])
 
     def _with_synthetic_drafts(self, run, encoded, reference):
         """Each batch drafts its own plain output with per-token acceptance `synthetic_acceptance`; which tokens are
@@ -345,6 +358,12 @@ def paired_speedup(reference_s: list[list[float]], contender_s: list[list[float]
 def decode_seconds(rec: Record) -> list[list[float]]:
     """[pass][batch] seconds after the first token."""
     return [[c - t for c, t in zip(calls, ttfts)] for calls, ttfts in zip(rec.calls_s, rec.calls_ttft_s)]
+
+
+def contention_warning(records: list[Record]) -> str | None:
+    """The warning to print when other processes used the CPU during any timed pass (None when none did)."""
+    busiest = max((r.other_cpu_cores for r in records if r.other_cpu_cores is not None), default=None)
+    return cpu_load.contention_warning(busiest) if busiest is not None and busiest > cpu_load.BUSY_CORES else None
 
 
 def markdown_table(records: list[Record]) -> str:
@@ -473,6 +492,8 @@ def run_cli(args: argparse.Namespace) -> int:
         for bs in sizes:
             records += bench.run(s, prompts, bs, contenders, args.repeats)
     print(markdown_table(records))
+    if warning := contention_warning(records):
+        print(warning)
     if args.json:
         write_json_atomic(args.json, [asdict(r) for r in records])
     if args.plots:
