@@ -14,8 +14,8 @@ import torch
 from _tiny_models import MASK_ID, tiny_drafter, tiny_target, tiny_tokenizer
 
 from hf_dspark.training import data as data_mod
-from hf_dspark.training.cli import add_subcommands
-from hf_dspark.training.data import DataError, GenerationSettings, TokenDataset, make_data, read_prompts
+from hf_dspark.training.cli import _eval_dataset, add_subcommands
+from hf_dspark.training.data import DataError, GenerationSettings, TokenDataset, last_of_shuffle, make_data, read_prompts
 from hf_dspark.training.losses import LossWeights, draft_log_softmax_at, dspark_losses, expected_tau, sparse_target
 from hf_dspark.training.packing import pack_blocks, pad_batch, sample_anchors
 from hf_dspark.training.trainer import TrainConfig, Trainer, lr_lambda
@@ -310,6 +310,36 @@ def test_a_weighted_data_dir_repeats_its_sequences_per_epoch_but_never_the_held_
     for bad in ("0", "x", "-2"):
         with pytest.raises(DataError, match="whole number >= 1"):
             TokenDataset(f"{data_dir}:{bad}", model, tok)
+
+
+def test_eval_data_is_held_out_instead_of_the_training_data_and_never_trains(tiny, data_dir, tmp_path):
+    model, tok = tiny
+    s = GenerationSettings(max_new_tokens=12, batch_size=4, prompts_per_shard=4)
+    make_data(model, tok, last_of_shuffle(PROMPTS, 3), tmp_path / "held", s, log=lambda *_: None)
+    ds, held = TokenDataset(data_dir, model, tok), TokenDataset(tmp_path / "held", model, tok)
+    cfg = TrainConfig(str(data_dir), str(tmp_path / "w"), max_steps=2, num_anchors=4, eval_sequences=2)
+    tr = Trainer(tiny_drafter(model), model, ds, cfg, pad_id=0, log=lambda *_: None, eval_dataset=held)
+    assert sorted(set(tr.train_index)) == list(range(len(ds)))  # nothing of the training data is held out
+    assert tr.eval_index == [len(held) - 2, len(held) - 1]
+    other = Trainer(tiny_drafter(model), model, ds, cfg, pad_id=0, log=lambda *_: None, eval_dataset=ds)
+    assert tr.evaluate()["eval_soft_accept"] != other.evaluate()["eval_soft_accept"]  # the same drafter, other sequences
+    # the CLI refuses held-out data that is also training data
+    args = argparse.Namespace(eval_data=f"{tmp_path / 'held'}")
+    with pytest.raises(SystemExit, match="also in --data"):
+        _eval_dataset(args, TokenDataset(f"{data_dir},{tmp_path / 'held'}:2", model, tok), model, tok)
+
+
+def test_heldout_prompts_are_the_ones_make_data_never_reaches(tiny, tmp_path):
+    model, tok = tiny
+    s = GenerationSettings(max_new_tokens=4, batch_size=4, prompts_per_shard=4)
+    make_data(model, tok, PROMPTS, tmp_path, s, max_prompts=len(PROMPTS) - 3, log=lambda *_: None)
+    used = {tuple(ids[: int(mask.nonzero()[0])].tolist()) for ids, mask in TokenDataset(tmp_path, model, tok)}
+    chat = lambda p: tuple(data_mod._chat_ids(tok, p, None))  # noqa: E731 - the prompt ids make-data writes
+    held = last_of_shuffle(PROMPTS, 3)
+    assert len(used) == len(PROMPTS) - 3 and not {chat(p) for p in held} & used
+    assert {chat(p) for p in PROMPTS} == used | {chat(p) for p in held}
+    with pytest.raises(ValueError, match="held-out set of 8 prompts"):
+        last_of_shuffle(PROMPTS, len(PROMPTS))
 
 
 def test_make_data_resumes_without_duplicates_or_holes(tiny, tmp_path):

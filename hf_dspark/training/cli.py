@@ -36,7 +36,7 @@ def _load(args):
 
 # ------------------------------------------------------------------------------------------- make-data
 def _make_data(args) -> int:
-    from .data import GenerationSettings, cache_hidden_states, decontaminate, make_data, read_prompts
+    from .data import GenerationSettings, cache_hidden_states, decontaminate, last_of_shuffle, make_data, read_prompts
 
     if args.as_written:
         return _make_data_as_written(args)
@@ -46,6 +46,8 @@ def _make_data(args) -> int:
         print(f"[make-data] {len(prompts)} prompts ({dropped} dropped as GSM8K/HumanEval/MT-Bench-like)")
     if args.skip_prompts:
         prompts = prompts[args.skip_prompts :]
+    if args.heldout:
+        prompts = last_of_shuffle(prompts, args.heldout, args.seed)
     model, tok = _load(args)
     settings = GenerationSettings(
         max_new_tokens=args.max_new_tokens,
@@ -106,6 +108,11 @@ def _add_make_data(sub) -> None:
         help="drop the first N prompts of the file (after decontamination, before the seeded shuffle; e.g. to keep a "
         "held-out set). To extend a directory with more prompts of the same list, rerun it with a larger --max-prompts: "
         "a new --out with --skip-prompts would reuse some of the prompts it already holds",
+    )
+    p.add_argument(
+        "--heldout", type=int, default=None, metavar="N",
+        help="use only the last N prompts of the seeded shuffle, which runs with --max-prompts below (prompts - N) "
+        "never reach (the held-out prompts calibrate and eval-tau use): a held-out set for train --eval-data",
     )
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--max-prompt-tokens", type=int, default=384, help="prompts longer than this are skipped")
@@ -241,7 +248,8 @@ def _train(args) -> int:
           f"(fp32 master weights, bf16 autocast {'on' if cfg.bf16_autocast else 'off'}), "
           f"{'DFlash (no Markov head, no confidence head)' if dflash else 'DSpark'}, losses {weights}")
     drafter.to(model.device)
-    trainer = Trainer(drafter, model, data, cfg, pad_id=tok.pad_token_id or 0, accelerator=accelerator)
+    trainer = Trainer(drafter, model, data, cfg, pad_id=tok.pad_token_id or 0, accelerator=accelerator,
+                      eval_dataset=_eval_dataset(args, data, model, tok))
     last = trainer.run(progress=not args.no_progress and trainer.rank == 0)
     if trainer.rank:
         return 0
@@ -264,7 +272,24 @@ def _add_loop_args(p, *, max_steps: int, lr: float, eval_every: int, eval_sequen
     p.add_argument("--checkpoint-minutes", type=float, default=5.0)
     p.add_argument("--eval-every", type=int, default=eval_every, help="steps between held-out tau evaluations (0 = at the end)")
     p.add_argument("--eval-sequences", type=int, default=eval_sequences, help="last sequences of the data held out for evaluation")
+    p.add_argument("--eval-data", default=None,
+                   help="evaluate on the last --eval-sequences sequences of this data directory instead, holding none of "
+                   "--data out: a fixed held-out set while the training data grows (e.g. make-data --heldout 32)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (log lines only)")
+
+
+def _eval_dataset(args, data, model, tok):
+    """--eval-data as a TokenDataset (None without it); refused when it is also training data."""
+    from .data import TokenDataset
+
+    if not args.eval_data:
+        return None
+    held = TokenDataset(args.eval_data, model, tok)
+    trained = {d.resolve() for d, _, _ in data.where}
+    if overlap := sorted(str(d) for d in {d.resolve() for d, _, _ in held.where} & trained):
+        raise SystemExit(f"--eval-data {', '.join(overlap)} is also in --data: its sequences would be trained on. "
+                         "Evaluate on a directory that no --data entry names.")
+    return held
 
 
 def _loop_config(args) -> dict:
@@ -459,7 +484,7 @@ def _finetune(args) -> int:
     peft_model = add_lora(base, r=args.lora_r, alpha=args.lora_alpha)
     peft_model.print_trainable_parameters()
     cfg = TrainConfig(**_loop_config(args), losses=LossWeights() if base.markov_head is not None else LossWeights.dflash())
-    trainer = Trainer(base, model, data, cfg, pad_id=tok.pad_token_id or 0,
+    trainer = Trainer(base, model, data, cfg, pad_id=tok.pad_token_id or 0, eval_dataset=_eval_dataset(args, data, model, tok),
                       export=lambda out: save_adapter(peft_model, out / "adapter"))
     last = trainer.run(progress=not args.no_progress)
     print(f"[finetune] adapter in {args.out}/adapter; held-out tau_tf {last.get('eval_tau_tf')}")

@@ -342,6 +342,21 @@ def _save_atomic(tensors: dict[str, torch.Tensor], path: Path, remedy: str, meta
         raise
 
 
+def shuffled_order(n: int, seed: int) -> list[int]:
+    """The seeded order in which make-data walks a list of n prompts (the same on every resume)."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def last_of_shuffle(prompts: list[str], n: int, seed: int = 0) -> list[str]:
+    """The last n prompts of make-data's seeded order: a run over the same list with --max-prompts below
+    len(prompts) - n never reaches them."""
+    if not 0 < n < len(prompts):
+        raise ValueError(f"a held-out set of {n} prompts needs 1 <= n < {len(prompts)} (the prompts there are).")
+    return [prompts[i] for i in shuffled_order(len(prompts), seed)[-n:]]
+
+
 def make_data(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -376,8 +391,7 @@ def make_data(
             "shards": [],
         }
         write_json_atomic(manifest_path, manifest)
-    order = list(range(len(prompts)))
-    random.Random(settings.seed).shuffle(order)
+    order = shuffled_order(len(prompts), settings.seed)
     limit = min(len(prompts), max_prompts or len(prompts))
     t0, made = time.time(), 0
     while manifest["next_prompt"] < limit:
@@ -475,8 +489,7 @@ def make_data_as_written(
     training labels come from the target's own forward over the text, so the data needs no target outputs; the
     written continuations only differ from the target's own in what the drafter's later block slots condition on."""
     out = Path(out_dir)
-    order = list(range(len(conversations)))
-    random.Random(seed).shuffle(order)
+    order = shuffled_order(len(conversations), seed)
     settings = {"as_written": True, "max_tokens": max_tokens, "seed": seed, "sequences_per_shard": sequences_per_shard}
     if (out / MANIFEST).is_file() and json.loads((out / MANIFEST).read_text()).get("settings") != settings:
         raise DataError(f"{out} holds another data set (other settings or a make-data run); use a new --out.")

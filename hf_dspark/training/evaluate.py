@@ -7,13 +7,11 @@ per-position acceptance and the per-step confidence logits / accepted / verified
 
 from __future__ import annotations
 
-import random
-
 import torch
 from transformers import PreTrainedModel
 
 from ..modeling import DSparkDrafter
-from .data import decontaminate, eval_prompts, read_prompts
+from .data import decontaminate, eval_prompts, last_of_shuffle, read_prompts
 
 EVAL_SETS = ("gsm8k", "humaneval", "mtbench")
 
@@ -27,9 +25,7 @@ def heldout_prompts(n: int, seed: int = 0, source: str = "sharegpt") -> list[str
     """Prompts never used by make-data runs with --max-prompts below len - n: the last n of the same seeded
     shuffle make-data uses (after decontamination)."""
     prompts, _ = decontaminate(read_prompts(source))
-    order = list(range(len(prompts)))
-    random.Random(seed).shuffle(order)
-    return [prompts[i] for i in order[-n:]]
+    return last_of_shuffle(prompts, n, seed)
 
 
 def eval_set(name: str, n: int) -> list[str]:

@@ -59,7 +59,7 @@ class TrainConfig:
     seed: int = 0
     checkpoint_minutes: float = 5.0
     eval_every: int = 100  # steps between held-out evaluations (0 = only at the end)
-    eval_sequences: int = 8  # last sequences of the data held out from training
+    eval_sequences: int = 8  # last sequences of the data held out from training (of the Trainer's eval_dataset if given)
     stop_at: float | None = None  # unix time: checkpoint and stop (the schedule is not shortened)
     schedule_minutes: float | None = None  # the warmup + cosine span this much training time (max_steps: a cap)
     losses: LossWeights = field(default_factory=LossWeights)
@@ -278,7 +278,10 @@ class Trainer:
         log=print,
         export=None,
         accelerator=None,
+        eval_dataset: TokenDataset | None = None,
     ) -> None:
+        """`eval_dataset`: held-out sequences from other data (its last `eval_sequences`), so that no training
+        sequence is held out and the held-out set stays the same while the training data grows."""
         if not getattr(drafter.config, "sample_from_anchor", True):
             raise ValueError(
                 "Training supports the DSpark block layout only (sample_from_anchor=True: the anchor slot drafts); this "
@@ -303,9 +306,12 @@ class Trainer:
             self.optimizer, lambda s: lr_lambda(self.schedule_step(s), config.max_steps, config.warmup_ratio)
         )
         n = len(dataset)
-        held = min(config.eval_sequences, max(0, n - 1))
+        # held-out sequences: the last eval_sequences of eval_dataset, else of the training data (taken out of it)
+        self.eval_data = dataset if eval_dataset is None else eval_dataset
+        held = min(config.eval_sequences, max(0, n - 1)) if eval_dataset is None else 0
         self.train_index = [i for i in range(n - held) for _ in range(dataset.repeats[i])]  # `dir:N` weights
-        self.eval_index = list(range(n - held, n))
+        shown = held if eval_dataset is None else min(config.eval_sequences, len(eval_dataset))
+        self.eval_index = list(range(len(self.eval_data) - shown, len(self.eval_data)))
         self.step, self.epoch, self.cursor = 0, 0, 0
         self.tokens_seen, self.blocks_seen = 0, 0
         self.history: list[dict] = []
@@ -415,7 +421,7 @@ class Trainer:
         self.drafter.eval()
         matches, valids, soft, ce = [], [], [], []
         for i in self.eval_index:
-            ids, m = self.data[i]
+            ids, m = self.eval_data[i]
             anchors = sample_anchors(m, 1 << 30)
             if i not in self._eval_features:  # the target's features of a held-out sequence never change
                 x = ids[None].to(self.device)
