@@ -75,8 +75,8 @@ def main() -> int:
             "several verify tokens rounds unlike one-token forwards, which can flip a near-tie; both are valid outputs "
             "of the model, and in fp32 DSpark is token-identical (check 1)"
         )
-    if load.busy:
-        print(contention_warning(load.cores))
+    if warning := contention_warning(load.cores):
+        print(warning)
     plot([r.stats.per_position_acceptance for r in runs], [r.stats.mean_accepted_length for r in runs])
     return 0
 

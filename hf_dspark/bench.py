@@ -228,7 +228,6 @@ class Bench:
             self._timed_passes(encoded, timed, runs, outputs, stats, traces, repeats, f"{prompt_set} bs={batch_size}")
         for rec in timed:
             rec.other_cpu_cores = load.cores
-        for rec in timed:
             new = [  # new tokens per row, all batches of the last pass
                 n for out, enc in zip(outputs[rec.contender], encoded)
                 for n in _new_token_counts(out, enc["input_ids"].shape[1], self.eos)
@@ -362,8 +361,7 @@ def decode_seconds(rec: Record) -> list[list[float]]:
 
 def contention_warning(records: list[Record]) -> str | None:
     """The warning to print when other processes used the CPU during any timed pass (None when none did)."""
-    busiest = max((r.other_cpu_cores for r in records if r.other_cpu_cores is not None), default=None)
-    return cpu_load.contention_warning(busiest) if busiest is not None and busiest > cpu_load.BUSY_CORES else None
+    return cpu_load.contention_warning(max((r.other_cpu_cores for r in records if r.other_cpu_cores is not None), default=None))
 
 
 def markdown_table(records: list[Record]) -> str:

@@ -7,8 +7,8 @@ what is left over is the other processes' share, in cores, averaged over the blo
 
     with OtherCpuUse() as load:
         ...  # timed work
-    if load.busy:
-        print(contention_warning(load.cores))
+    if warning := contention_warning(load.cores):
+        print(warning)
 """
 
 from __future__ import annotations
@@ -57,11 +57,19 @@ class OtherCpuUse:
 
     @property
     def busy(self) -> bool:
-        return self.cores is not None and self.cores > BUSY_CORES
+        return is_busy(self.cores)
 
 
-def contention_warning(cores: float) -> str:
-    """One sentence for a report whose timings ran while other processes kept `cores` cores busy, naming the fix."""
+def is_busy(cores: float | None) -> bool:
+    """Whether other processes' use (in cores; None: unknown) is enough to skew timings."""
+    return cores is not None and cores > BUSY_CORES
+
+
+def contention_warning(cores: float | None) -> str | None:
+    """One sentence for a report whose timings ran while other processes kept `cores` cores busy, naming the fix
+    (None when they did not: `is_busy`)."""
+    if not is_busy(cores):
+        return None
     return (
         f"warning: other processes kept {cores:.2f} of {os.cpu_count()} cores busy while these timings ran, so they "
         "measure contention as much as generation; rerun with nothing else running (stop training, data or test jobs "

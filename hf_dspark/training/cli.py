@@ -193,6 +193,7 @@ def _train(args) -> int:
         accelerator = Accelerator()
         model.to(accelerator.device)
     data = TokenDataset(args.data, model, tok)
+    eval_data = _eval_dataset(args, data, model, tok)
     draft_ids = None
     if args.draft_vocab_size is not None and args.draft_vocab_size <= 0:
         raise SystemExit(f"--draft-vocab-size {args.draft_vocab_size} must be a positive number of tokens (e.g. 8192); "
@@ -249,7 +250,7 @@ def _train(args) -> int:
           f"{'DFlash (no Markov head, no confidence head)' if dflash else 'DSpark'}, losses {weights}")
     drafter.to(model.device)
     trainer = Trainer(drafter, model, data, cfg, pad_id=tok.pad_token_id or 0, accelerator=accelerator,
-                      eval_dataset=_eval_dataset(args, data, model, tok))
+                      eval_dataset=eval_data)
     last = trainer.run(progress=not args.no_progress and trainer.rank == 0)
     if trainer.rank:
         return 0
@@ -478,13 +479,14 @@ def _finetune(args) -> int:
 
     model, tok = _load(args)
     data = TokenDataset(args.data, model, tok)
+    eval_data = _eval_dataset(args, data, model, tok)
     from ..modeling import DSparkDrafter
 
     base = DSparkDrafter.from_pretrained(args.drafter, target=model, dtype=model.dtype)
     peft_model = add_lora(base, r=args.lora_r, alpha=args.lora_alpha)
     peft_model.print_trainable_parameters()
     cfg = TrainConfig(**_loop_config(args), losses=LossWeights() if base.markov_head is not None else LossWeights.dflash())
-    trainer = Trainer(base, model, data, cfg, pad_id=tok.pad_token_id or 0, eval_dataset=_eval_dataset(args, data, model, tok),
+    trainer = Trainer(base, model, data, cfg, pad_id=tok.pad_token_id or 0, eval_dataset=eval_data,
                       export=lambda out: save_adapter(peft_model, out / "adapter"))
     last = trainer.run(progress=not args.no_progress)
     print(f"[finetune] adapter in {args.out}/adapter; held-out tau_tf {last.get('eval_tau_tf')}")

@@ -306,12 +306,14 @@ class Trainer:
             self.optimizer, lambda s: lr_lambda(self.schedule_step(s), config.max_steps, config.warmup_ratio)
         )
         n = len(dataset)
-        # held-out sequences: the last eval_sequences of eval_dataset, else of the training data (taken out of it)
-        self.eval_data = dataset if eval_dataset is None else eval_dataset
-        held = min(config.eval_sequences, max(0, n - 1)) if eval_dataset is None else 0
+        if eval_dataset is None:  # held out: the training data's last eval_sequences, taken out of training
+            self.eval_data, held = dataset, min(config.eval_sequences, max(0, n - 1))
+            evaluated = held
+        else:  # held out: eval_dataset's last eval_sequences; every training sequence trains
+            self.eval_data, held = eval_dataset, 0
+            evaluated = min(config.eval_sequences, len(eval_dataset))
         self.train_index = [i for i in range(n - held) for _ in range(dataset.repeats[i])]  # `dir:N` weights
-        shown = held if eval_dataset is None else min(config.eval_sequences, len(eval_dataset))
-        self.eval_index = list(range(len(self.eval_data) - shown, len(self.eval_data)))
+        self.eval_index = list(range(len(self.eval_data) - evaluated, len(self.eval_data)))
         self.step, self.epoch, self.cursor = 0, 0, 0
         self.tokens_seen, self.blocks_seen = 0, 0
         self.history: list[dict] = []
