@@ -340,6 +340,16 @@ def test_heldout_prompts_are_the_ones_make_data_never_reaches(tiny, tmp_path):
     assert {chat(p) for p in PROMPTS} == used | {chat(p) for p in held}
     with pytest.raises(ValueError, match="held-out set of 8 prompts"):
         last_of_shuffle(PROMPTS, len(PROMPTS))
+    parser = argparse.ArgumentParser()
+    add_subcommands(parser.add_subparsers(dest="cmd"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"text": p}) + "\n" for p in PROMPTS))
+    for extra, error, match in (([], ValueError, "held-out set of 0 prompts"),
+                                (["--as-written"], SystemExit, "cannot honour it")):
+        args = parser.parse_args(["make-data", "--prompts", str(prompts), "--out", str(tmp_path / "h"), "--heldout", "0", *extra])
+        with pytest.raises(error, match=match):
+            args.func(args)
+    assert not (tmp_path / "h").exists()
 
 
 def test_make_data_resumes_without_duplicates_or_holes(tiny, tmp_path):

@@ -39,6 +39,9 @@ def _make_data(args) -> int:
     from .data import GenerationSettings, cache_hidden_states, decontaminate, last_of_shuffle, make_data, read_prompts
 
     if args.as_written:
+        if args.heldout is not None:
+            raise SystemExit("--heldout picks prompts to self-distill; --as-written reads whole conversations and cannot "
+                             "honour it. Drop one of them.")
         return _make_data_as_written(args)
     prompts = read_prompts(args.prompts, fmt=args.format, field=args.field)
     if not args.no_decontaminate:
@@ -46,7 +49,7 @@ def _make_data(args) -> int:
         print(f"[make-data] {len(prompts)} prompts ({dropped} dropped as GSM8K/HumanEval/MT-Bench-like)")
     if args.skip_prompts:
         prompts = prompts[args.skip_prompts :]
-    if args.heldout:
+    if args.heldout is not None:  # 0 is refused by last_of_shuffle, never read as "off"
         prompts = last_of_shuffle(prompts, args.heldout, args.seed)
     model, tok = _load(args)
     settings = GenerationSettings(
