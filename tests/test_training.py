@@ -352,6 +352,28 @@ def test_heldout_prompts_are_the_ones_make_data_never_reaches(tiny, tmp_path):
     assert not (tmp_path / "h").exists()
 
 
+def test_start_prompt_continues_another_directory_without_repeating_a_prompt(tiny, tmp_path):
+    model, tok = tiny
+    s = GenerationSettings(max_new_tokens=4, batch_size=4, prompts_per_shard=2)
+    first = make_data(model, tok, PROMPTS, tmp_path / "a", s, max_prompts=3, log=lambda *_: None)
+    rest = make_data(model, tok, PROMPTS, tmp_path / "b", s, start_prompt=first["next_prompt"], log=lambda *_: None)
+    assert [x["prompt_range"] for x in rest["shards"]] == [[3, 5], [5, 7], [7, 8]]
+    prompt_ids = lambda d: {tuple(ids[: int(m.nonzero()[0])].tolist()) for ids, m in TokenDataset(d, model, tok)}  # noqa: E731
+    a, b = prompt_ids(tmp_path / "a"), prompt_ids(tmp_path / "b")
+    assert len(a) == 3 and len(b) == len(PROMPTS) - 3 and not a & b
+    with pytest.raises(DataError, match="started at prompt 3 of the seeded order, not 0"):
+        make_data(model, tok, PROMPTS, tmp_path / "b", s, log=lambda *_: None)
+    with pytest.raises(DataError, match="outside the 8 prompts"):
+        make_data(model, tok, PROMPTS, tmp_path / "c", s, start_prompt=len(PROMPTS), log=lambda *_: None)
+    parser = argparse.ArgumentParser()
+    add_subcommands(parser.add_subparsers(dest="cmd"))
+    args = parser.parse_args(["make-data", "--prompts", "sharegpt", "--out", str(tmp_path / "d"), "--as-written",
+                              "--start-prompt", "5"])
+    with pytest.raises(SystemExit, match="--start-prompt picks prompts"):
+        args.func(args)
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
 def test_make_data_resumes_without_duplicates_or_holes(tiny, tmp_path):
     model, tok = tiny
     s = GenerationSettings(max_new_tokens=6, batch_size=2, prompts_per_shard=2)

@@ -39,9 +39,10 @@ def _make_data(args) -> int:
     from .data import GenerationSettings, cache_hidden_states, decontaminate, last_of_shuffle, make_data, read_prompts
 
     if args.as_written:
-        if args.heldout is not None:
-            raise SystemExit("--heldout picks prompts to self-distill; --as-written reads whole conversations and cannot "
-                             "honour it. Drop one of them.")
+        for flag, value in (("--heldout", args.heldout), ("--start-prompt", args.start_prompt or None)):
+            if value is not None:
+                raise SystemExit(f"{flag} picks prompts to self-distill; --as-written reads whole conversations and "
+                                 "cannot honour it. Drop one of them.")
         return _make_data_as_written(args)
     prompts = read_prompts(args.prompts, fmt=args.format, field=args.field)
     if not args.no_decontaminate:
@@ -64,7 +65,7 @@ def _make_data(args) -> int:
         seed=args.seed,
         system_prompt=args.system_prompt,
     )
-    manifest = make_data(model, tok, prompts, args.out, settings, max_prompts=args.max_prompts)
+    manifest = make_data(model, tok, prompts, args.out, settings, max_prompts=args.max_prompts, start_prompt=args.start_prompt)
     print(f"[make-data] {args.out}: {len(manifest['shards'])} shards, next prompt {manifest['next_prompt']}")
     if args.cache_hidden:
         from ..configuration import default_target_layer_ids
@@ -111,6 +112,11 @@ def _add_make_data(sub) -> None:
         help="drop the first N prompts of the file (after decontamination, before the seeded shuffle; e.g. to keep a "
         "held-out set). To extend a directory with more prompts of the same list, rerun it with a larger --max-prompts: "
         "a new --out with --skip-prompts would reuse some of the prompts it already holds",
+    )
+    p.add_argument(
+        "--start-prompt", type=int, default=0, metavar="N",
+        help="start a new --out at position N of the seeded shuffle, e.g. where another directory over the same list "
+        "stopped (its manifest's next_prompt), so the two hold no prompt twice; --max-prompts still counts from 0",
     )
     p.add_argument(
         "--heldout", type=int, default=None, metavar="N",

@@ -364,9 +364,16 @@ def make_data(
     out_dir: str | Path,
     settings: GenerationSettings,
     max_prompts: int | None = None,
+    start_prompt: int = 0,
     log=print,
 ) -> dict:
-    """Generate (or resume generating) a self-distillation dataset into `out_dir`; returns the manifest."""
+    """Generate (or resume generating) a self-distillation dataset into `out_dir`; returns the manifest.
+
+    `start_prompt` starts a new directory at that position of the seeded order (the prompts before it are another
+    directory's); a directory keeps the start it was made with.
+    """
+    if not 0 <= start_prompt < len(prompts):
+        raise DataError(f"--start-prompt {start_prompt} is outside the {len(prompts)} prompts; use 0 <= N < {len(prompts)}.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / MANIFEST
@@ -379,6 +386,11 @@ def make_data(
             )
         if manifest["num_prompts_total"] != len(prompts):
             raise DataError(f"{out} was started with a different prompt list ({manifest['num_prompts_total']} prompts, now {len(prompts)}).")
+        if manifest.get("start_prompt", 0) != start_prompt:
+            raise DataError(
+                f"{out} was started at prompt {manifest.get('start_prompt', 0)} of the seeded order, not {start_prompt}; "
+                f"rerun with --start-prompt {manifest.get('start_prompt', 0)} or use a new --out."
+            )
     else:
         manifest = {
             "format_version": FORMAT_VERSION,
@@ -386,7 +398,8 @@ def make_data(
             "tokenizer_hash": tokenizer_hash(tokenizer),
             "settings": asdict(settings),
             "num_prompts_total": len(prompts),
-            "next_prompt": 0,
+            "start_prompt": start_prompt,
+            "next_prompt": start_prompt,
             "skipped_long_prompts": 0,
             "shards": [],
         }
