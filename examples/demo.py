@@ -3,8 +3,9 @@
 1. Exactness, in fp32: one prompt through DSpark verifying the full block at every step, compared token by token
    with plain `generate()`.
 2. Speed, in the dtype this CPU multiplies fastest (bf16 with avx512_bf16/AMX, else fp32): a math, a code and a
-   chat prompt, greedy, with `model.generate(..., assistant_model=drafter)` and with plain `generate()`, each timed
-   once after a warm-up in the same run, DSpark both verifying the full block and with the DSpark scheduler, which
+   chat prompt, greedy, with `model.generate(..., assistant_model=drafter)` and with plain `generate()`, after a
+   warm-up each timed three times in turn in the same run (medians), DSpark both verifying the full block and with
+   the DSpark scheduler, which
    decides at every step how many drafts to verify (0: a plain step) from this device's step-time table; on first
    use the demo profiles the table and caches it where `generate()` looks for it.
 Prints the texts, tau, the acceptance per draft position and the speedups; writes `outputs/demo_acceptance.png`.
@@ -13,6 +14,7 @@ Prints the texts, tau, the acceptance per draft position and the speedups; write
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ PROMPTS = {
 }
 MAX_NEW_TOKENS = 64
 CHECK_NEW_TOKENS = 32
+REPEATS = 3  # timed runs per contender and prompt, taken in turn; the demo reports their medians
 # the step table the demo profiles on first use: every default probe (1-512 tokens), fewer repeats than
 # `hf-dspark profile` (seconds on a 2-core CPU)
 PROFILE = dict(repeats=3, warmup=1, progress=False)
@@ -65,7 +68,7 @@ def main() -> int:
         print(
             f"overall: DSpark with {policy} {total:.2f} s against plain generate() {plain_total:.2f} s for {len(PROMPTS)} x "
             f"{MAX_NEW_TOKENS} new tokens: {plain_total / total:.2f}x ({name(dtype)}, {torch.get_num_threads()} threads, "
-            "greedy, batch 1, one timed run each after a warm-up: a few percent either way is noise)"
+            f"greedy, batch 1, medians of {REPEATS} timed runs each, taken in turn after a warm-up)"
         )
     if differs and dtype == torch.float32:
         print("in fp32 DSpark must be token-identical to plain generate(): please report this as a bug")
@@ -90,16 +93,23 @@ class SpeedRun:
 
 
 def speed_run(model, tok, drafter, policies: dict[str, bool], label: str, prompt: str) -> SpeedRun:
-    """One prompt: plain generate() and DSpark with each verify policy, each timed once after a warm-up; prints the
-    full block's text, tau, acceptance per position and the speedups."""
+    """One prompt: plain generate() and DSpark with each verify policy, warmed up, then timed REPEATS times in turn
+    (medians); prints the full block's text, tau, acceptance per position and the speedups."""
     enc = tok(chat(tok, prompt), return_tensors="pt")
-    t_plain, ref = timed(lambda: model.generate(**enc, max_new_tokens=MAX_NEW_TOKENS, do_sample=False))
-    times, shown = {}, None
+    kw = dict(max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    runs = {"plain": lambda: model.generate(**enc, **kw)}
     for policy, adaptive in policies.items():
-        kw = dict(max_new_tokens=MAX_NEW_TOKENS, do_sample=False, adaptive_verification=adaptive)
-        model.generate(**enc, **kw, assistant_model=drafter)  # warm-up (the scheduler also learns this device's prices)
-        times[policy], out = timed(lambda: model.generate(**enc, **kw, assistant_model=drafter))
+        runs[policy] = lambda a=adaptive: model.generate(**enc, **kw, adaptive_verification=a, assistant_model=drafter)
+    ref, shown = runs["plain"](), None
+    for policy in policies:  # warm-up (the scheduler also learns this device's prices)
+        out = runs[policy]()
         shown = shown or (out, drafter.last_stats)  # text and acceptance of the full block
+    seconds = {contender: [] for contender in runs}
+    for _ in range(REPEATS):
+        for contender, run in runs.items():
+            seconds[contender].append(timed(run))
+    t_plain = statistics.median(seconds.pop("plain"))
+    times = {policy: statistics.median(s) for policy, s in seconds.items()}
     out, stats = shown
     prompt_len = enc["input_ids"].shape[1]
     same = first_difference(out[0, prompt_len:], ref[0, prompt_len:])
@@ -154,10 +164,11 @@ def chat(tok, prompt: str) -> str:
     return tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
 
 
-def timed(fn) -> tuple[float, torch.Tensor]:
+def timed(fn) -> float:
+    """Seconds one call of fn takes."""
     t0 = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, out
+    fn()
+    return time.perf_counter() - t0
 
 
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:

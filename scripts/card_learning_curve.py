@@ -1,0 +1,111 @@
+"""Grow and redraw the model card's learning curve across sessions.
+
+The card keeps every held-out evaluation of every run in `learning_curve.json` (cumulative steps, training tokens
+and CPU-hours) and draws it as `learning_curve.png`, one line per session. A run resumed from the last one adds its
+`history.json` with `--append`:
+
+    python scripts/card_learning_curve.py --card model_cards/dspark-smollm2-135m-instruct \
+        --append runs/train-j/history.json --session 20 --run j --cores 2 \
+        --label "held-out: 26 new ShareGPT answers; fresh data only"
+
+Without `--append` it only redraws the figure from the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+from hf_dspark.io_utils import atomic_path, write_json_atomic
+
+# Legends of the sessions before labels were stored with the points.
+OLD_LABELS = {
+    13: "held-out: self-distilled ShareGPT answers",
+    14: "held-out: self-distilled math/code answers",
+    15: "same held-out as session 14",
+    16: "held-out: new self-distilled ShareGPT answers",
+    17: "same held-out as session 16; cached self-distilled sets, lr 3e-4",
+    18: "same held-out; + self-distilled stories and code tasks",
+    19: "held-out: new ShareGPT answers; + 3,200 self-distilled ShareGPT prompts, lr 2e-4",
+}
+
+
+def append_run(points: list[dict], history: list[dict], session: int, run: str, cores: int, label: str,
+               heldout: str | None) -> list[dict]:
+    """The run's evaluations, counted on from the last point (its step, tokens and CPU-hours start at 0)."""
+    if any(p["session"] == session for p in points):
+        raise SystemExit(f"session {session} is already in the curve; pick the next session number.")
+    last = points[-1]
+    new = []
+    for h in history:
+        if "eval_tau_tf" not in h:
+            continue
+        new.append({
+            "session": session,
+            "run": run,
+            "step": last["step"] + h["step"],
+            "tokens_seen": last["tokens_seen"] + h["tokens_seen"],
+            "train_seconds": h["train_seconds"],
+            "eval_tau_tf": h["eval_tau_tf"],
+            "cpu_hours": round(last["cpu_hours"] + h["train_seconds"] * cores / 3600, 3),
+            "label": label,
+            **({"heldout": heldout} if heldout else {}),
+        })
+    if not new:
+        raise SystemExit("the history has no held-out evaluation (eval_tau_tf); nothing to add.")
+    return points + new
+
+
+def draw(points: list[dict], path: Path, title: str) -> None:
+    """One line per session: held-out teacher-forced tau against cumulative training tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 6.0))
+    for session, group in itertools.groupby(points, key=lambda p: p["session"]):
+        group = list(group)
+        label = group[-1].get("label") or OLD_LABELS.get(session, "")
+        ax.plot([p["tokens_seen"] / 1e6 for p in group], [p["eval_tau_tf"] for p in group], ".-",
+                label=f"session {session} ({label})")
+    ax.set_xlabel("cumulative training tokens (millions)")
+    ax.set_ylabel("held-out tau, teacher-forced greedy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--card", type=Path, required=True, help="model card folder with learning_curve.json")
+    ap.add_argument("--append", type=Path, default=None, help="a run's history.json to add as the next session")
+    ap.add_argument("--session", type=int, default=None)
+    ap.add_argument("--run", default=None, help="the run's letter, as in the card's commands")
+    ap.add_argument("--cores", type=int, default=2, help="cores the run trained on (CPU-hours = seconds x cores)")
+    ap.add_argument("--label", default="", help="the legend's text for the new session")
+    ap.add_argument("--heldout", default=None, help="what the run held out")
+    ap.add_argument("--title", default="DSpark drafter for SmolLM2-135M-Instruct, trained on a 2-core CPU")
+    args = ap.parse_args()
+    curve = args.card / "learning_curve.json"
+    points = json.loads(curve.read_text())
+    if args.append is not None:
+        if args.session is None or args.run is None:
+            ap.error("--append needs --session and --run")
+        history = json.loads(args.append.read_text())
+        points = append_run(points, history, args.session, args.run, args.cores, args.label, args.heldout)
+        write_json_atomic(curve, points)
+    draw(points, args.card / "learning_curve.png", args.title)
+    last = points[-1]
+    print(f"{len(points)} points; last: session {last['session']}, {last['tokens_seen'] / 1e6:.1f}M tokens, "
+          f"{last['cpu_hours']:.1f} CPU-hours, held-out tau {last['eval_tau_tf']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
