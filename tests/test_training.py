@@ -680,21 +680,37 @@ def test_a_zlab_layout_drafter_is_refused_for_training(tiny, data_dir, tmp_path)
         Trainer(drafter, model, TokenDataset(data_dir, model, tok), cfg, pad_id=0, log=lambda *_: None)
 
 
-def _domain_prompts_script():
-    """scripts/make_domain_prompts.py as a module (scripts/ is not a package)."""
+def _script(name: str):
+    """scripts/<name>.py as a module (scripts/ is not a package)."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "make_domain_prompts.py"
-    spec = importlib.util.spec_from_file_location("make_domain_prompts", path)
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
+def test_card_learning_curve_counts_a_new_run_on_from_the_last_point(tmp_path):
+    mod = _script("card_learning_curve")
+    points = [{"session": 19, "run": "i", "step": 100, "tokens_seen": 5000, "train_seconds": 90.0, "eval_tau_tf": 2.4,
+               "cpu_hours": 3.0}]
+    history = [{"step": 0, "tokens_seen": 0, "train_seconds": 0.0, "eval_tau_tf": 2.5},
+               {"step": 10, "tokens_seen": 800, "train_seconds": 36.0, "train_loss": 1.0},  # no evaluation: left out
+               {"step": 20, "tokens_seen": 1600, "train_seconds": 72.0, "eval_tau_tf": 2.6}]
+    grown = mod.append_run(points, history, 20, "j", cores=2, label="fresh data", heldout=None)
+    assert [(p["step"], p["tokens_seen"], p["cpu_hours"]) for p in grown[1:]] == [(100, 5000, 3.0), (120, 6600, 3.04)]
+    assert grown[-1]["label"] == "fresh data" and grown[:1] == points
+    with pytest.raises(SystemExit, match="session 19 is already in the curve"):
+        mod.append_run(points, history, 19, "j", cores=2, label="", heldout=None)
+    mod.draw(grown, tmp_path / "curve.png", "test")
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_domain_prompts_add_method_stubs_without_changing_the_earlier_list():
     import ast
 
-    mod = _domain_prompts_script()
+    mod = _script("make_domain_prompts")
     before = mod.domain_prompts(math=5, code=5, seed=0)
     after = mod.domain_prompts(math=5, code=5, seed=0, methods=5)
     assert len(after) == 15 and set(before) < set(after)
@@ -712,7 +728,7 @@ def test_domain_prompts_add_story_problems_and_code_tasks_without_changing_the_e
 
     from hf_dspark.training.data import decontaminate, eval_prompts
 
-    mod = _domain_prompts_script()
+    mod = _script("make_domain_prompts")
     before = mod.domain_prompts(math=5, code=0, seed=0)
     after = mod.domain_prompts(math=5, code=0, seed=0, stories=200)
     assert before == mod.domain_prompts(math=5, code=0, seed=0) and set(before) < set(after)
