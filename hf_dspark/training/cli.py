@@ -39,8 +39,8 @@ def _make_data(args) -> int:
     from .data import GenerationSettings, cache_hidden_states, decontaminate, last_of_shuffle, make_data, read_prompts
 
     if args.as_written:
-        for flag, value in (("--heldout", args.heldout), ("--start-prompt", args.start_prompt or None)):
-            if value is not None:
+        for flag, given in (("--heldout", args.heldout is not None), ("--start-prompt", args.start_prompt != 0)):
+            if given:
                 raise SystemExit(f"{flag} picks prompts to self-distill; --as-written reads whole conversations and "
                                  "cannot honour it. Drop one of them.")
         return _make_data_as_written(args)

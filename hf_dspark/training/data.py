@@ -386,10 +386,11 @@ def make_data(
             )
         if manifest["num_prompts_total"] != len(prompts):
             raise DataError(f"{out} was started with a different prompt list ({manifest['num_prompts_total']} prompts, now {len(prompts)}).")
-        if manifest.get("start_prompt", 0) != start_prompt:
+        started = manifest.get("start_prompt", 0)  # directories from before --start-prompt began at 0
+        if started != start_prompt:
             raise DataError(
-                f"{out} was started at prompt {manifest.get('start_prompt', 0)} of the seeded order, not {start_prompt}; "
-                f"rerun with --start-prompt {manifest.get('start_prompt', 0)} or use a new --out."
+                f"{out} was started at prompt {started} of the seeded order, not {start_prompt}; "
+                f"rerun with --start-prompt {started} or use a new --out."
             )
     else:
         manifest = {
