@@ -365,6 +365,8 @@ def test_start_prompt_continues_another_directory_without_repeating_a_prompt(tin
         make_data(model, tok, PROMPTS, tmp_path / "b", s, log=lambda *_: None)
     with pytest.raises(DataError, match="outside the 8 prompts"):
         make_data(model, tok, PROMPTS, tmp_path / "c", s, start_prompt=len(PROMPTS), log=lambda *_: None)
+    with pytest.raises(DataError, match="--max-prompts 3 .* --start-prompt 3 there is nothing to generate"):
+        make_data(model, tok, PROMPTS, tmp_path / "c", s, start_prompt=3, max_prompts=3, log=lambda *_: None)
     parser = argparse.ArgumentParser()
     add_subcommands(parser.add_subparsers(dest="cmd"))
     args = parser.parse_args(["make-data", "--prompts", "sharegpt", "--out", str(tmp_path / "d"), "--as-written",

@@ -374,6 +374,11 @@ def make_data(
     """
     if not 0 <= start_prompt < len(prompts):
         raise DataError(f"--start-prompt {start_prompt} is outside the {len(prompts)} prompts; use 0 <= N < {len(prompts)}.")
+    if max_prompts is not None and max_prompts <= start_prompt:
+        raise DataError(
+            f"--max-prompts {max_prompts} is where generation stops in the seeded order, so with --start-prompt "
+            f"{start_prompt} there is nothing to generate; use --max-prompts > {start_prompt}."
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / MANIFEST
