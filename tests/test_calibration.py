@@ -23,7 +23,6 @@ def test_sts_lowers_ece_on_synthetic_overconfident_data():
     assert prefix_labels(num_accepted, b).shape == (m, b)
 
 
-
 def test_sts_never_makes_the_pooled_ece_worse_on_already_calibrated_data():
     # few blocks reach the deep positions: fitting each position's own ECE picked extreme temperatures there
     # and raised the pooled ECE the JSON reports (session 20: 1.08% -> 1.27%)
