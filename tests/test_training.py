@@ -16,9 +16,16 @@ from _tiny_models import MASK_ID, tiny_drafter, tiny_target, tiny_tokenizer
 from hf_dspark.training import data as data_mod
 from hf_dspark.training.cli import _eval_dataset, add_subcommands
 from hf_dspark.training.data import DataError, GenerationSettings, TokenDataset, last_of_shuffle, make_data, read_prompts
-from hf_dspark.training.losses import LossWeights, draft_log_softmax_at, dspark_losses, expected_tau, sparse_target
+from hf_dspark.training.losses import (
+    LossWeights,
+    draft_log_softmax_at,
+    dspark_losses,
+    expected_tau,
+    replayed_decoding,
+    sparse_target,
+)
 from hf_dspark.training.packing import pack_blocks, pad_batch, sample_anchors
-from hf_dspark.training.trainer import TrainConfig, Trainer, lr_lambda
+from hf_dspark.training.trainer import TrainConfig, Trainer, drafter_step_outputs, lr_lambda
 
 PROMPTS = ["hello there", "abc def", "x y z", "qq rr", "one two three", "the cat sat", "foo bar", "lorem ipsum"]
 
@@ -88,6 +95,20 @@ def test_soft_label_is_detached_and_expected_tau_counts_prefixes():
     assert draft.grad is None or draft.grad.abs().sum() == 0  # BCE reaches only the confidence logit
     match = torch.tensor([[1, 1, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
     assert expected_tau(match, torch.ones_like(match)) == pytest.approx(1 + (2 + 0 + 4) / 3)
+
+
+def test_replayed_decoding_visits_the_positions_decoding_visits():
+    # anchors 10..17, block 3; the block at 10 accepts 2 + bonus -> 13 rejects at once -> 14 accepts all -> 18: gone
+    anchors = torch.arange(10, 18)
+    match = torch.zeros(8, 3, dtype=torch.bool)
+    match[0] = torch.tensor([1, 1, 0])
+    match[4] = torch.tensor([1, 1, 1])
+    match[1] = match[2] = torch.tensor([1, 1, 1])  # easy positions decoding skips: they must not count
+    valid = torch.ones_like(match)
+    assert replayed_decoding(anchors, match, valid) == ([10, 13, 14], [3, 1, 4])
+    valid[4, 2] = False  # the answer ends inside the block at 14 (last anchor 16): its valid prefix + bonus, then stop
+    assert replayed_decoding(anchors[:7], match[:7], valid[:7]) == ([10, 13, 14], [3, 1, 3])
+    assert replayed_decoding(anchors[:0], match[:0], valid[:0]) == ([], [])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -178,7 +199,8 @@ def test_packed_block_attention_gives_the_full_masked_attention_and_its_gradient
 
 # ------------------------------------------------------------------------------------------------ trainer
 def _trainer(model, tok, data_dir, out, seed=1, **kw):
-    cfg = TrainConfig(str(data_dir), str(out), max_steps=8, num_anchors=6, eval_every=0, eval_sequences=2, checkpoint_minutes=0, **kw)
+    kw = {"max_steps": 8, "num_anchors": 6, "eval_every": 0, "eval_sequences": 2, "checkpoint_minutes": 0, **kw}
+    cfg = TrainConfig(str(data_dir), str(out), **kw)
     return Trainer(tiny_drafter(model, seed=seed), model, TokenDataset(data_dir, model, tok), cfg, pad_id=0, log=lambda *_: None)
 
 
@@ -228,6 +250,27 @@ def test_training_lowers_the_loss_and_writes_history_and_drafter(tiny, data_dir,
     hist = json.loads((tmp_path / "t" / "history.json").read_text())
     assert hist[-1]["step"] == 8 and "eval_tau_tf" in hist[-1]
     assert (tmp_path / "t" / "drafter" / "model.safetensors").is_file()
+
+
+def test_decoded_anchors_are_where_replayed_greedy_decoding_starts_its_blocks(tiny, data_dir, tmp_path):
+    model, tok = tiny
+    tr = _trainer(model, tok, data_dir, tmp_path / "d", lr=3e-3, anchors="decoded", num_anchors=1 << 20)
+    for _ in range(4):
+        stats = tr.train_step()
+    assert math.isfinite(stats["loss"])
+    idx, gen = tr.next_batch()
+    ids, lm, all_anc, feats = tr.batch_tensors(idx, gen, 1 << 20)
+    anc, feats = tr.decoded_batch_anchors(ids, lm, feats, gen)
+    out, packed, match = drafter_step_outputs(tr.drafter, model, ids, lm, all_anc, tr.cfg.losses, feats)
+    match, valid = match.view(*all_anc.shape, -1), packed.valid
+    visited_some_later = False
+    for r in range(len(idx)):
+        real = all_anc[r] >= 0
+        path, _ = replayed_decoding(all_anc[r][real], match[r][real], valid[r][real])
+        assert anc[r][anc[r] >= 0].tolist() == path  # the teacher-forced replay of the loss pass's own matches
+        assert path[0] == int(all_anc[r][0])  # decoding starts at the first response token
+        visited_some_later |= len(path) < int(real.sum())
+    assert visited_some_later  # some block accepted drafts, so decoding skipped positions
 
 
 def test_a_pickled_trainer_checkpoint_of_an_earlier_version_is_refused_not_unpickled(tiny, data_dir, tmp_path, monkeypatch):

@@ -277,6 +277,10 @@ def _add_loop_args(p, *, max_steps: int, lr: float, eval_every: int, eval_sequen
                    help="the warmup + cosine span this many minutes of training time, whatever the step rate; the "
                    "run ends when they are spent (--max-steps stays a cap). Resumes continue the same schedule")
     p.add_argument("--num-anchors", type=int, default=128, help="blocks (anchors) per sequence")
+    p.add_argument("--anchors", choices=["uniform", "decoded"], default="uniform",
+                   help="where blocks start: uniform over the response, or decoded: where greedy decoding with the "
+                        "current drafter starts them (after each rejection; needs greedy self-distilled data; a "
+                        "no-grad pass over every position per step)")
     p.add_argument("--lr", type=float, default=lr)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-minutes", type=float, default=5.0)
@@ -313,6 +317,7 @@ def _loop_config(args) -> dict:
         out_dir=args.out,
         max_steps=args.max_steps,
         num_anchors=args.num_anchors,
+        anchors=args.anchors,
         lr=args.lr,
         seed=args.seed,
         checkpoint_minutes=args.checkpoint_minutes,

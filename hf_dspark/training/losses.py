@@ -161,3 +161,21 @@ def expected_tau(match: torch.Tensor, valid: torch.Tensor) -> float:
         return float("nan")
     prefix = match[full].float().cumprod(dim=1).sum(dim=1)
     return float(1.0 + prefix.mean())
+
+
+def replayed_decoding(anchors: torch.Tensor, match: torch.Tensor, valid: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Greedy decoding replayed on one teacher-forced sequence: the anchors it visits and each block's accepted length.
+
+    The first block starts at the first anchor; each block accepts its matched prefix plus the bonus token and the
+    next block starts where it stopped, as `generate()` would on the sequence (greedy self-distilled data). Unlike
+    `expected_tau`, which weighs every position alike, this visits the positions decoding visits: mostly the hard
+    ones after a rejection. anchors [M] sorted positions, match/valid [M, B] bool."""
+    accepted = 1 + (match & valid).long().cumprod(dim=1).sum(dim=1)  # [M]
+    at = dict(zip(anchors.tolist(), accepted.tolist()))
+    visited, lengths = [], []
+    pos = int(anchors[0]) if anchors.numel() else None
+    while pos in at:
+        visited.append(pos)
+        lengths.append(at[pos])
+        pos += at[pos]
+    return visited, lengths

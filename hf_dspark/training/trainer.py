@@ -37,7 +37,7 @@ from ..configuration import DSparkConfig
 from ..io_utils import atomic_path, write_json_atomic
 from ..modeling import DSparkDrafter
 from .data import TokenDataset, target_hidden
-from .losses import LossWeights, dspark_losses, expected_tau, sparse_target
+from .losses import LossWeights, dspark_losses, expected_tau, replayed_decoding, sparse_target
 from .packing import PackedBlocks, pack_blocks, pad_batch, sample_anchors
 
 STATE_FILE = "trainer_state.safetensors"
@@ -51,6 +51,7 @@ class TrainConfig:
     max_steps: int = 1000
     batch_size: int = 1  # sequences per step
     num_anchors: int = 128  # blocks per sequence
+    anchors: str = "uniform"  # "uniform" over the response, or "decoded": where greedy decoding starts its blocks
     lr: float = 6e-4
     warmup_ratio: float = 0.04
     weight_decay: float = 0.0
@@ -212,6 +213,35 @@ def remap_draft_vocab(drafter: DSparkDrafter, target: PreTrainedModel, draft_tok
     return new.bind(target)
 
 
+def draft_slot_logits(
+    drafter: DSparkDrafter,
+    taps: torch.Tensor,  # [N, T, m*H] the target's tapped hidden states
+    input_ids: torch.Tensor,  # [N, T]
+    loss_mask: torch.Tensor,  # [N, T] bool
+    anchors: torch.Tensor,  # [N, A], -1 = padding
+) -> tuple[torch.Tensor, torch.Tensor, PackedBlocks, tuple[torch.Tensor, ...]]:
+    """The teacher-forced drafter pass over every block: (Markov-corrected draft logits [S, D] of the S supervised
+    slots, their hidden states [S, H], the packed blocks, the slots' (sequence, block, position) indices)."""
+    cfg = drafter.config
+    n, t = input_ids.shape
+    a, b = anchors.shape[1], cfg.block_size
+    packed = pack_blocks(input_ids, loss_mask, anchors, b, cfg.mask_token_id)
+    ctx_pos = torch.arange(t, device=input_ids.device).expand(n, t)
+    ctx_kv = drafter.context_kv(drafter.context_features(taps), ctx_pos)
+    hidden = drafter.block_hidden(packed.block_ids, packed.positions, ctx_kv, packed.mask).view(n, a, b, -1)
+    where = packed.valid.nonzero(as_tuple=True)  # the S supervised slots
+    h = hidden[where]  # [S, H]
+    draft = drafter.base_logits(h)  # [S, D]
+    if drafter.markov_head is not None:
+        draft = draft + drafter.markov_head.bias(drafter.markov_head.block_latent(packed.prev_ids, hidden)[where])
+    return draft, h, packed, where
+
+
+def draft_labels(drafter: DSparkDrafter, labels: torch.Tensor) -> torch.Tensor:
+    """Target token ids -> the drafter's vocabulary (-1: not draftable)."""
+    return drafter.target_to_draft()[labels] if drafter.config.reduced_vocab else labels
+
+
 def drafter_step_outputs(
     drafter: DSparkDrafter,
     target: PreTrainedModel,
@@ -226,26 +256,16 @@ def drafter_step_outputs(
     """The training forward: returns (loss dict, packed blocks, greedy match with the target [N*A, B] bool).
 
     Only the supervised slots (the contiguous valid prefix of each block) go through the lm_head and the losses."""
-    cfg = drafter.config
     if cached is None:
         taps, final = target_hidden(target, input_ids, drafter.tap_hidden_state_ids)
     else:
         taps, final = cached
     n, t = input_ids.shape
-    a, b = anchors.shape[1], cfg.block_size
-    packed = pack_blocks(input_ids, loss_mask, anchors, b, cfg.mask_token_id)
-    ctx_pos = torch.arange(t, device=input_ids.device).expand(n, t)
-    ctx_kv = drafter.context_kv(drafter.context_features(taps), ctx_pos)
-    hidden = drafter.block_hidden(packed.block_ids, packed.positions, ctx_kv, packed.mask).view(n, a, b, -1)
-    where = packed.valid.nonzero(as_tuple=True)  # the S supervised slots
-    h = hidden[where]  # [S, H]
-    prev = packed.prev_ids[where]  # [S]
-    draft = drafter.base_logits(h)  # [S, D]
-    if drafter.markov_head is not None:
-        draft = draft + drafter.markov_head.bias(drafter.markov_head.block_latent(packed.prev_ids, hidden)[where])
+    a, b = anchors.shape[1], drafter.config.block_size
+    draft, h, packed, where = draft_slot_logits(drafter, taps, input_ids, loss_mask, anchors)
     # the confidence head learns from its own loss only: its BCE target is ~0 early on and would pull the backbone's
     # hidden states toward "reject" while the distillation loss pulls elsewhere
-    conf = drafter.confidence_logit(h.detach(), prev)
+    conf = drafter.confidence_logit(h.detach(), packed.prev_ids[where])
     sparse = None
     if weights.needs_target:
         with torch.no_grad():  # the target's top-k once per distinct position (overlapping blocks share them)
@@ -256,13 +276,31 @@ def drafter_step_outputs(
             logits = final.reshape(n * t, -1)[uniq].to(target_head.dtype) @ target_head.T  # [U, D]
             ids, probs = sparse_target(logits, top_k)
             sparse = (ids[inverse], probs[inverse])
-    labels = packed.labels[where]
-    if cfg.reduced_vocab:
-        labels = drafter.target_to_draft()[labels]
+    labels = draft_labels(drafter, packed.labels[where])
     out = dspark_losses(draft, where[2], sparse, labels, conf, weights, b)
-    match = torch.zeros(n, a, b, dtype=torch.bool, device=hidden.device)
+    match = torch.zeros(n, a, b, dtype=torch.bool, device=h.device)
     match[where] = out.pop("match")
     return out, packed, match.view(n * a, b)
+
+
+@torch.no_grad()
+def decoded_anchors(
+    drafter: DSparkDrafter,
+    taps: torch.Tensor,  # [1, T, m*H]
+    input_ids: torch.Tensor,  # [1, T]
+    loss_mask: torch.Tensor,  # [1, T] bool
+) -> torch.Tensor:
+    """The anchors greedy decoding visits on one self-distilled sequence with the drafter as it is now: every
+    candidate anchor drafted teacher-forced (the data's tokens are the target's greedy ones), then
+    `replayed_decoding`. Returns sorted positions [V]."""
+    cand = sample_anchors(loss_mask[0], 1 << 30).to(input_ids.device)  # [M] every candidate anchor
+    if not cand.numel():
+        return cand
+    draft, _, packed, where = draft_slot_logits(drafter, taps, input_ids, loss_mask, cand[None])
+    match = torch.zeros_like(packed.valid)  # [1, M, B]
+    match[where] = draft.argmax(dim=-1) == draft_labels(drafter, packed.labels[where])
+    visited, _ = replayed_decoding(cand.cpu(), match[0].cpu(), packed.valid[0].cpu())
+    return torch.tensor(visited, dtype=torch.long)
 
 
 class Trainer:
@@ -383,6 +421,8 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         idx, gen = self.next_batch()
         ids, lm, anc, cached = self.batch_tensors(idx, gen, self.cfg.num_anchors)
+        if self.cfg.anchors == "decoded":
+            anc, cached = self.decoded_batch_anchors(ids, lm, cached, gen)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             out, packed, match = drafter_step_outputs(
                 self.drafter, self.target, ids, lm, anc, self.cfg.losses, cached, self.target_head
@@ -415,13 +455,33 @@ class Trainer:
         }
 
     @torch.no_grad()
+    def decoded_batch_anchors(self, ids: torch.Tensor, lm: torch.Tensor, cached, gen: torch.Generator):
+        """--anchors decoded: each sequence's blocks start where greedy decoding with the current drafter starts them
+        (`decoded_anchors`; at most num_anchors of them, sampled). Returns (anchors [N, A], features)."""
+        if cached is None:
+            cached = target_hidden(self.target, ids, self.drafter.tap_hidden_state_ids)
+        rows = []
+        for r in range(ids.shape[0]):
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
+                visited = decoded_anchors(self.drafter, cached[0][r : r + 1], ids[r : r + 1], lm[r : r + 1])
+            if visited.numel() > self.cfg.num_anchors:
+                visited = visited[torch.randperm(visited.numel(), generator=gen)[: self.cfg.num_anchors]].sort().values
+            rows.append(visited)
+        anc = torch.full((ids.shape[0], max(1, max(len(v) for v in rows))), -1, dtype=torch.long)
+        for r, v in enumerate(rows):
+            anc[r, : len(v)] = v
+        return anc.to(self.device), cached
+
+    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Teacher-forced greedy tau on the held-out sequences (every response position as an anchor). On greedy
-        self-distilled data this equals the mean accepted length greedy decoding would get at those anchors."""
+        """Teacher-forced greedy tau on the held-out sequences: `eval_tau_tf` with every response position as an
+        anchor, `eval_tau_replay` at the positions greedy decoding visits (`replayed_decoding`). On greedy
+        self-distilled data the latter is the tau `generate()` would get on those answers."""
         if not self.eval_index:
             return {}
         self.drafter.eval()
         matches, valids, soft, ce = [], [], [], []
+        replay_tokens = replay_blocks = 0
         for i in self.eval_index:
             ids, m = self.eval_data[i]
             anchors = sample_anchors(m, 1 << 30)
@@ -438,11 +498,18 @@ class Trainer:
                 valids.append(packed.valid.reshape(match.shape))
                 soft.append(float(out["soft_accept"]))
                 ce.append(float(out["ce"]))
+            chunks = -(-len(anchors) // 256)  # this sequence's rows: the last chunks appended
+            if chunks:
+                _, lengths = replayed_decoding(
+                    anchors, torch.cat(matches[-chunks:]).cpu(), torch.cat(valids[-chunks:]).cpu()
+                )
+                replay_tokens, replay_blocks = replay_tokens + sum(lengths), replay_blocks + len(lengths)
         self.drafter.train()
         match, valid = torch.cat(matches), torch.cat(valids)
         per_pos = ((match.float().cumprod(1) * valid).sum(0) / valid.sum(0).clamp_min(1)).tolist()
         return {
             "eval_tau_tf": expected_tau(match, valid),
+            "eval_tau_replay": replay_tokens / max(1, replay_blocks),
             "eval_soft_accept": sum(soft) / len(soft),
             "eval_ce": sum(ce) / len(ce),
             "eval_prefix_accept_per_position": per_pos,
@@ -571,7 +638,8 @@ class Trainer:
         write_json_atomic(self.out / "history.json", self.history)
         self.log(
             f"[train] step {self.step}: tokens {self.tokens_seen}, loss {stats.get('loss', float('nan')):.4f}, "
-            f"held-out tau_tf {entry.get('eval_tau_tf', float('nan')):.3f}"
+            f"held-out tau_tf {entry.get('eval_tau_tf', float('nan')):.3f}, "
+            f"replayed {entry.get('eval_tau_replay', float('nan')):.3f}"
         )
         return entry
 
