@@ -187,11 +187,22 @@ def _train(args) -> int:
     from ..targets import fast_dtype
     from .data import TokenDataset
     from .losses import LossWeights
-    from .trainer import TrainConfig, Trainer, build_drafter, choose_draft_vocab, plot_learning_curve, remap_draft_vocab
+    from .trainer import (
+        TrainConfig,
+        Trainer,
+        build_drafter,
+        choose_draft_vocab,
+        grow_drafter,
+        plot_learning_curve,
+        remap_draft_vocab,
+    )
 
-    if args.init and (shaped := [f"--{k.replace('_', '-')}" for k in _SHAPE_DEFAULTS if getattr(args, k) is not None]):
+    growable = ("layers", "markov_rank")  # with --init: grow that drafter (trainer.grow_drafter)
+    if args.init and (shaped := [f"--{k.replace('_', '-')}" for k in _SHAPE_DEFAULTS if k not in growable and getattr(args, k) is not None]):
         raise SystemExit(f"{', '.join(shaped)} describe a new drafter's shape; --init {args.init} already has one. Leave "
-                         "them out to continue that drafter (its config says its shape), or drop --init for a new one.")
+                         "them out to continue that drafter (its config says its shape), or drop --init for a new one. "
+                         "(--layers and --markov-rank beside --init grow it.)")
+    grow = {k: getattr(args, k) for k in growable} if args.init else {}
     for k, v in _SHAPE_DEFAULTS.items():
         setattr(args, k, v if getattr(args, k) is None else getattr(args, k))
     model, tok = _load(args)
@@ -226,6 +237,15 @@ def _train(args) -> int:
             drafter = remap_draft_vocab(drafter, model, draft_ids)
             print(f"[train] --init drafter remapped to the new draft vocabulary: {shared} of its {draft_ids.numel()} "
                   "tokens keep their trained rows, the rest start from the target's lm_head")
+        if any(v is not None for v in grow.values()):
+            before = (drafter.config.num_hidden_layers, drafter.config.markov_rank)
+            try:
+                drafter = grow_drafter(drafter, model, num_hidden_layers=grow["layers"], markov_rank=grow["markov_rank"])
+            except ValueError as e:
+                raise SystemExit(f"--init {args.init}: {e}") from None
+            print(f"[train] --init drafter grown from {before[0]} layers, Markov rank {before[1]} to "
+                  f"{drafter.config.num_hidden_layers} layers, rank {drafter.config.markov_rank}: it drafts as before "
+                  "until the new parts train")
     else:
         drafter = build_drafter(
             model,
@@ -351,9 +371,11 @@ def _add_train(sub) -> None:
     p.add_argument("--init", default=None, help="start from this drafter folder instead of a fresh drafter")
     p.add_argument("--dflash", action="store_const", const=True, default=None,
                    help="the DFlash twin: markov_rank 0, no confidence head, the same distillation loss")
-    p.add_argument("--layers", type=int, default=None, help="drafter decoder layers (default 1)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="drafter decoder layers (default 1); with --init, more than its own adds layers that start as no-ops")
     p.add_argument("--block-size", type=int, default=None, help="drafts per block (default 7)")
-    p.add_argument("--markov-rank", type=int, default=None, help="Markov head rank (default 64)")
+    p.add_argument("--markov-rank", type=int, default=None,
+                   help="Markov head rank (default 64); with --init, more than its own adds components that start at zero")
     p.add_argument("--markov-head-type", default=None, choices=["vanilla", "gated", "rnn"], help="default vanilla")
     p.add_argument("--target-layer-ids", type=_int_list, default=None, help="comma-separated taps (default: spread 1..L-3)")
     p.add_argument("--mask-token-id", type=int, default=None, help="default: an unused vocab row found via the tokenizer")

@@ -162,16 +162,60 @@ def target_head_rows(drafter: DSparkDrafter, target: PreTrainedModel) -> torch.T
 def init_from_target_layers(drafter: DSparkDrafter, target: PreTrainedModel) -> None:
     """Copy the target's last decoder layers into the drafter's (matching names and shapes only) and make fc the
     identity on the last tapped layer, so context features start as the target's own hidden states."""
-    layers = target.get_decoder().layers
-    n = len(drafter.layers)
-    for mine, theirs in zip(drafter.layers, list(layers)[-n:]):
+    copy_target_layers(list(drafter.layers), target)
+    h = drafter.config.hidden_size
+    drafter.fc.weight.zero_()
+    drafter.fc.weight[:, -h:].copy_(torch.eye(h))
+
+
+def copy_target_layers(layers: list[torch.nn.Module], target: PreTrainedModel) -> None:
+    """Copy the target's last len(layers) decoder layers into `layers` (matching names and shapes only)."""
+    for mine, theirs in zip(layers, list(target.get_decoder().layers)[-len(layers):]):
         source = dict(theirs.named_parameters())
         for name, p in mine.named_parameters():
             if name in source and source[name].shape == p.shape:
                 p.copy_(source[name].float())
-    h = drafter.config.hidden_size
-    drafter.fc.weight.zero_()
-    drafter.fc.weight[:, -h:].copy_(torch.eye(h))
+
+
+@torch.no_grad()
+def grow_drafter(
+    drafter: DSparkDrafter, target: PreTrainedModel, num_hidden_layers: int | None = None, markov_rank: int | None = None
+) -> DSparkDrafter:
+    """A copy of a trained drafter with more decoder layers and/or a higher Markov rank that drafts exactly as it did.
+
+    New layers go after the old ones and start from the target's last layers (as a fresh drafter's do) with their
+    output projections (attention o_proj, MLP down_proj) zero, so each adds nothing to the residual stream until it
+    trains. New Markov rank components get small random W1 columns and zero W2 columns (no bias yet), and the
+    confidence head zero weights on them. Growing the rank needs a vanilla head (gated/rnn heads mix the rank)."""
+    cfg = drafter.config
+    layers, rank = num_hidden_layers or cfg.num_hidden_layers, cfg.markov_rank if markov_rank is None else markov_rank
+    if layers < cfg.num_hidden_layers or rank < cfg.markov_rank:
+        raise ValueError(f"Growing a drafter of {cfg.num_hidden_layers} layers and Markov rank {cfg.markov_rank} to "
+                         f"{layers} layers and rank {rank} would shrink it; give at least its own sizes.")
+    if rank > cfg.markov_rank and (cfg.markov_rank == 0 or cfg.markov_head_type != "vanilla"):
+        raise ValueError(f"Only a vanilla Markov head's rank can grow (this drafter's head: "
+                         f"{cfg.markov_head_type if cfg.markov_rank else 'none, a DFlash drafter'}); "
+                         "train a new drafter with --markov-rank instead of --init.")
+    new = DSparkDrafter(DSparkConfig.from_dict({**cfg.to_dict(), "num_hidden_layers": layers, "markov_rank": rank})).float()
+    if cfg.reduced_vocab:
+        new.set_draft_vocab(drafter.draft_target_ids().cpu())
+    added = list(new.layers)[cfg.num_hidden_layers:]
+    copy_target_layers(added, target)
+    for layer in added:
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    old, mine = drafter.state_dict(), new.state_dict()
+    for name, value in old.items():
+        if name not in mine:
+            raise ValueError(f"cannot grow this drafter: {name} has no place in the grown one")
+        mine[name][tuple(slice(0, n) for n in value.shape)].copy_(value)  # the old block of a grown tensor
+    if rank > cfg.markov_rank:
+        w1, w2 = new.markov_head.markov_w1.weight, new.markov_head.markov_w2.weight
+        w1[:, cfg.markov_rank:].normal_(0.0, float(drafter.markov_head.markov_w1.weight.float().std()))
+        w2[:, cfg.markov_rank:].zero_()
+        if new.confidence_head is not None and cfg.confidence_head_with_markov:
+            new.confidence_head.proj.weight[:, cfg.hidden_size + cfg.markov_rank:].zero_()
+    return new.bind(target)
 
 
 def choose_draft_vocab(dataset: TokenDataset, size: int, vocab_size: int, always: list[int] = ()) -> tuple[torch.Tensor, float]:
