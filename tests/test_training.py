@@ -502,8 +502,8 @@ def test_train_refuses_shape_options_beside_init_by_name(tmp_path):
     parser = argparse.ArgumentParser()
     add_subcommands(parser.add_subparsers(dest="cmd"))
     args = parser.parse_args(["train", "--data", str(tmp_path), "--out", str(tmp_path / "o"), "--init", str(tmp_path),
-                              "--layers", "2", "--dflash"])
-    with pytest.raises(SystemExit, match="--dflash, --layers describe a new drafter's shape; --init"):
+                              "--block-size", "5", "--dflash"])
+    with pytest.raises(SystemExit, match="--dflash, --block-size describe a new drafter's shape; --init"):
         args.func(args)
 
 
@@ -672,6 +672,49 @@ def test_remapping_the_draft_vocab_keeps_learned_rows_and_starts_new_ones_from_t
     assert torch.equal(w2_new[:10], w2_old[10:]) and not w2_new[10:].any()
     assert torch.equal(new.fc.weight, drafter.fc.weight) and torch.equal(new.layers[0].mlp.up_proj.weight, drafter.layers[0].mlp.up_proj.weight)
     assert torch.equal(new.confidence_head.proj.weight, drafter.confidence_head.proj.weight)
+
+
+def test_a_grown_drafter_drafts_exactly_as_before_and_its_new_parts_train(tiny, data_dir, tmp_path):
+    """More layers and a higher Markov rank start as no-ops (same draft logits and confidences), then train."""
+    from hf_dspark.training.trainer import build_drafter, grow_drafter
+
+    model, tok = tiny
+    drafter = build_drafter(model, tok, draft_token_ids=torch.arange(10, 40), markov_rank=8, target_layer_ids=[1, 3])
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # "trained"
+    grown = grow_drafter(drafter, model, num_hidden_layers=2, markov_rank=16)
+    assert (grown.config.num_hidden_layers, grown.config.markov_rank) == (2, 16)
+    assert torch.equal(grown.draft_target_ids(), drafter.draft_target_ids())
+    data = TokenDataset(data_dir, model, tok)
+    seqs, gen = [data[i] for i in range(2)], torch.Generator().manual_seed(0)
+    ids, mask, _, anchors = pad_batch(seqs, [sample_anchors(m, 6, gen) for _, m in seqs], 0)
+    outs = [drafter_step_outputs(d, model, ids, mask, anchors, LossWeights()) for d in (drafter, grown)]
+    for key in ("kl", "bce"):
+        torch.testing.assert_close(outs[1][0][key], outs[0][0][key], rtol=1e-5, atol=1e-6)
+    assert torch.equal(outs[1][2], outs[0][2])  # the same greedy matches
+    new_parts = {"layers.1.self_attn.o_proj.weight", "layers.1.mlp.down_proj.weight"}
+    before = {n: p.detach().clone() for n, p in grown.named_parameters()}
+    cfg = TrainConfig(str(data_dir), str(tmp_path / "o"), max_steps=3, num_anchors=6, lr=1e-3, warmup_ratio=0.0,
+                      eval_every=0, eval_sequences=0)
+    tr = Trainer(grown, model, data, cfg, pad_id=0, log=lambda *_: None)
+    for _ in range(3):
+        tr.train_step()
+    params = dict(grown.named_parameters())
+    assert all(not torch.equal(params[n], before[n]) for n in new_parts)
+    assert params["markov_head.markov_w2.weight"][:, 8:].abs().sum() > 0
+
+
+def test_growing_refuses_to_shrink_or_to_widen_a_gated_head(tiny):
+    from hf_dspark.training.trainer import build_drafter, grow_drafter
+
+    model, tok = tiny
+    drafter = build_drafter(model, tok, num_hidden_layers=2, markov_rank=8, target_layer_ids=[1, 3])
+    with pytest.raises(ValueError, match="would shrink it"):
+        grow_drafter(drafter, model, num_hidden_layers=1)
+    gated = build_drafter(model, tok, markov_rank=8, markov_head_type="gated", target_layer_ids=[1, 3])
+    with pytest.raises(ValueError, match="Only a vanilla Markov head's rank can grow"):
+        grow_drafter(gated, model, markov_rank=16)
 
 
 def test_conversations_as_written_mask_exactly_the_assistant_turns(tiny, tmp_path):

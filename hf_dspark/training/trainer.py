@@ -680,11 +680,10 @@ class Trainer:
         }
         self.history.append(entry)
         write_json_atomic(self.out / "history.json", self.history)
-        self.log(
-            f"[train] step {self.step}: tokens {self.tokens_seen}, loss {stats.get('loss', float('nan')):.4f}, "
-            f"held-out tau_tf {entry.get('eval_tau_tf', float('nan')):.3f}, "
-            f"replayed {entry.get('eval_tau_replay', float('nan')):.3f}"
-        )
+        shown = [("loss", stats.get("loss"), ".4f"), ("held-out tau_tf", entry.get("eval_tau_tf"), ".3f"),
+                 ("replayed", entry.get("eval_tau_replay"), ".3f")]
+        self.log(f"[train] step {self.step}: tokens {self.tokens_seen}, "
+                 + ", ".join(f"{name} {'-' if value is None else format(value, spec)}" for name, value, spec in shown))
         return entry
 
 
