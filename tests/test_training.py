@@ -712,6 +712,8 @@ def test_growing_refuses_to_shrink_or_to_widen_a_gated_head(tiny):
     drafter = build_drafter(model, tok, num_hidden_layers=2, markov_rank=8, target_layer_ids=[1, 3])
     with pytest.raises(ValueError, match="would shrink it"):
         grow_drafter(drafter, model, num_hidden_layers=1)
+    with pytest.raises(ValueError, match="would shrink it"):
+        grow_drafter(drafter, model, num_hidden_layers=0)
     gated = build_drafter(model, tok, markov_rank=8, markov_head_type="gated", target_layer_ids=[1, 3])
     with pytest.raises(ValueError, match="Only a vanilla Markov head's rank can grow"):
         grow_drafter(gated, model, markov_rank=16)

@@ -188,7 +188,8 @@ def grow_drafter(
     trains. New Markov rank components get small random W1 columns and zero W2 columns (no bias yet), and the
     confidence head zero weights on them. Growing the rank needs a vanilla head (gated/rnn heads mix the rank)."""
     cfg = drafter.config
-    layers, rank = num_hidden_layers or cfg.num_hidden_layers, cfg.markov_rank if markov_rank is None else markov_rank
+    layers = cfg.num_hidden_layers if num_hidden_layers is None else num_hidden_layers
+    rank = cfg.markov_rank if markov_rank is None else markov_rank
     if layers < cfg.num_hidden_layers or rank < cfg.markov_rank:
         raise ValueError(f"Growing a drafter of {cfg.num_hidden_layers} layers and Markov rank {cfg.markov_rank} to "
                          f"{layers} layers and rank {rank} would shrink it; give at least its own sizes.")
