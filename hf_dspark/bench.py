@@ -364,6 +364,19 @@ def contention_warning(records: list[Record]) -> str | None:
     return cpu_load.contention_warning(max((r.other_cpu_cores for r in records if r.other_cpu_cores is not None), default=None))
 
 
+def exactness_note(records: list[Record], dtype: torch.dtype) -> str | None:
+    """What a "NO" under identical means: bf16/fp16 rounding (expected) or, in fp32, a bug (None when all match)."""
+    differ = sorted({r.contender for r in records if r.supported and r.identical_to_plain is False})
+    if not differ:
+        return None
+    if dtype == torch.float32:
+        return (f"WARNING: {', '.join(differ)} produced greedy text that differs from plain generate() in fp32. "
+                "That is a bug in hf_dspark; please report it with this command.")
+    return (f"note: identical = NO for {', '.join(differ)} is {str(dtype).removeprefix('torch.')} rounding, not a bug: "
+            "a verify forward over several tokens rounds unlike one-token forwards, so near-tied greedy choices can "
+            "flip. Rerun with --dtype float32 to check exactness (identical there).")
+
+
 def markdown_table(records: list[Record]) -> str:
     """One row per record: throughput, paired speedup with its [min-max] spread, decode-only speedup, TTFT, tau,
     drafts verified per request per step, the scheduler's time per step."""
@@ -492,6 +505,8 @@ def run_cli(args: argparse.Namespace) -> int:
     print(markdown_table(records))
     if warning := contention_warning(records):
         print(warning)
+    if note := exactness_note(records, model.dtype):
+        print(note)
     if args.json:
         write_json_atomic(args.json, [asdict(r) for r in records])
     if args.plots:

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from hf_dspark import bench
 from hf_dspark.cli import build_parser, main
@@ -70,6 +71,17 @@ def test_table_and_plots(tmp_path):
     assert "| gsm8k | 4 | prompt_lookup | unsupported |" in table
     written = bench.plot(recs, tmp_path)
     assert len(written) == 3 and all(p.stat().st_size > 1000 for p in written)
+
+
+def test_exactness_note_explains_bf16_and_flags_fp32():
+    same = bench.Record("dspark", "gsm8k", 1, identical_to_plain=True)
+    differs = bench.Record("dflash", "gsm8k", 1, identical_to_plain=False)
+    unsupported = bench.Record("prompt_lookup", "gsm8k", 4, supported=False)
+    assert bench.exactness_note([same, unsupported], torch.bfloat16) is None
+    note = bench.exactness_note([same, differs], torch.bfloat16)
+    assert "dflash" in note and "bfloat16 rounding" in note and "--dtype float32" in note and "dspark" not in note
+    warning = bench.exactness_note([same, differs], torch.float32)
+    assert warning.startswith("WARNING: dflash") and "bug" in warning
 
 
 def test_paired_speedup():
