@@ -3,6 +3,7 @@
 # target-layer init, on the same data, seed and minutes; the only difference is --dflash.
 cd "$(dirname "$0")/../.."  # the repository root; data directories from make-data under /work/runs
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+mkdir -p /work/runs/s25  # the logs and eval JSONs
 DATA=/work/runs/data-dom8,/work/runs/data-dom7,/work/runs/data-sd3,/work/runs/data-dom6
 COMMON="--data $DATA --eval-data /work/runs/data-heldout --eval-sequences 26 --layers 2 --draft-vocab-size 16384 \
   --batch-size 4 --num-anchors 128 --lr 1e-3 --warmup-ratio 0.03 --max-steps 100000 --schedule-minutes 88 \

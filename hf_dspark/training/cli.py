@@ -509,7 +509,6 @@ def _add_eval_tau(sub) -> None:
 # ------------------------------------------------------------------------------------------- finetune (LoRA)
 def _finetune(args) -> int:
     from .data import TokenDataset
-    from .losses import LossWeights
     from .peft import add_lora, save_adapter
     from .trainer import TrainConfig, Trainer
 
@@ -521,8 +520,8 @@ def _finetune(args) -> int:
     base = DSparkDrafter.from_pretrained(args.drafter, target=model, dtype=model.dtype)
     peft_model = add_lora(base, r=args.lora_r, alpha=args.lora_alpha)
     peft_model.print_trainable_parameters()
-    # train's default losses: KL, plus the confidence BCE where the drafter has a confidence head (DFlash has none)
-    cfg = TrainConfig(**_loop_config(args), losses=LossWeights(bce=1.0 if base.confidence_head is not None else 0.0))
+    # train's default losses (KL + the confidence BCE, which the losses skip for a drafter without a confidence head)
+    cfg = TrainConfig(**_loop_config(args))
     trainer = Trainer(base, model, data, cfg, pad_id=tok.pad_token_id or 0, eval_dataset=eval_data,
                       export=lambda out: save_adapter(peft_model, out / "adapter"))
     last = trainer.run(progress=not args.no_progress)
