@@ -20,7 +20,10 @@ nine measurements weigh 1 down to 1/4 (default half_life 4: worth ~7 equal ones)
 measurement (97% after 28 steps). Machines drift (a CPU's step time moved 0.43 -> 0.36 s
 within one benchmark), and a cell last measured in another phase, compared with one measured now, chose
 drafting at synthetic batch 64 where plain decoding was 17% faster. `age(L)` tells the scheduler how stale a
-depth's price is. It predicts a cell it has not measured:
+depth's price is. Once R has drafted, its drafting depths are priced by one line a + b L through all of R's recent
+drafting steps (`_pooled_drafting_line`): depths a few percent apart (batch 1 on a CPU) were otherwise decided by a
+few noisy steps each, and a depth measured once in a slow phase kept its price until it ran again, which it then
+never did. It predicts a cell it has not measured (and gives the line's slope before R has drafted at two depths):
 - verify: the table's time T_R(R (L + 1)) scaled by the smallest measured/table ratio of the cells measured at R
   (optimistic, so an unmeasured depth that might be the best gets tried once and is known from then on);
 - draft: the least-squares line (intercept and slope >= 0) through the measured depths at R; with one depth
@@ -57,6 +60,10 @@ import torch
 from torch import Tensor
 
 from .step_table import StepTimeTable
+
+
+POOL_HALF_LIVES = 2.0  # a drafting step weighs half as much in its batch size's line after this many half_lifes
+POOL_SLOPE_PRIOR = 4.0  # the estimate's slope counts like this much weight x depth^2 of measurements (two fresh steps 2 depths apart: 4)
 
 
 class StepCosts:
@@ -185,6 +192,7 @@ class StepCosts:
         ratios = [v / seen_prior[L] for L, (v, _) in cells.items() if math.isfinite(seen_prior[L])]
         ratio = min(ratios) if ratios else 1.0  # optimistic: an unmeasured cell gets tried, then known
         out = [t * ratio + d if math.isfinite(t) else math.inf for t, d in zip(prior, _line(self._drafter_cells(R, seen, B), B))]
+        model_slope = _slope(out)  # seconds per depth of the estimate (table x ratio + drafter line)
         for L in range(B + 1):  # a depth measured at R speaks for itself; elsewhere, the nearest R' scaled by the table
             if not math.isfinite(prior[L]):
                 continue
@@ -192,9 +200,14 @@ class StepCosts:
             if near is not None:
                 v, d = self._cells[near][L]
                 out[L] = v + d if near == R else (v + d) * self._scale_seconds(R, B)[L] / self._scale_seconds(near, B)[L]
+        here = self._cells.get(R, {})
+        pooled = self._pooled_drafting_line(R, B, model_slope, [L for L in range(1, B + 1) if math.isfinite(prior[L])])
+        if pooled is not None:  # R's drafting depths: one line through all of R's recent drafting steps
+            a, b = pooled
+            out[1:] = [a + b * L if math.isfinite(t) else math.inf for L, t in zip(range(1, B + 1), out[1:])]
+            here = {L: c for L, c in here.items() if L == 0}  # the line is an estimate: it falls in line with plain
         # a step does a subset of a deeper one's work: no estimate above a deeper price or below a shallower one
         # (a cell measured at R stays as measured: when estimates and measurements disagree, the estimate is wrong)
-        here = self._cells.get(R, {})
         for L in range(B - 1, -1, -1):
             if L not in here:
                 out[L] = min(out[L], out[L + 1])
@@ -202,6 +215,25 @@ class StepCosts:
             if L not in here:
                 out[L] = max(out[L], out[L - 1])
         return out
+
+    def _pooled_drafting_line(self, R: int, B: int, prior_slope: float, depths: list[int]) -> tuple[float, float] | None:
+        """(a, b): the drafting step's seconds a + b L at R, least squares through every recent drafting step at R
+        (all depths in `depths` pooled; a step `POOL_HALF_LIVES` x `half_life` steps older weighs half as much), the slope shrunk toward
+        `prior_slope` by `POOL_SLOPE_PRIOR` (so one measured depth gives the prior's slope) and kept >= 0; None
+        while R has not drafted. Per-depth means priced depths a few percent apart by a few noisy steps each: at
+        batch 1 on a CPU (verify 8 tokens ~1.1x a plain step) a depth-7 price measured once in a slow phase was
+        never revisited, and the scheduler ran at 0.89x of the full block (bench_results/s26)."""
+        sw = sx = sy = sxx = sxy = 0.0
+        for L in depths:
+            for clock, v, d in self._recent.get((R, L), ()):
+                w = 0.5 ** ((self._clock - clock) / (POOL_HALF_LIVES * self.half_life))
+                sw, sx, sy, sxx, sxy = sw + w, sx + w * L, sy + w * (v + d), sxx + w * L * L, sxy + w * L * (v + d)
+        if sw == 0.0:
+            return None
+        mean_L, mean_y = sx / sw, sy / sw
+        slope = (sxy - sw * mean_L * mean_y + POOL_SLOPE_PRIOR * prior_slope) / (sxx - sw * mean_L * mean_L + POOL_SLOPE_PRIOR)
+        slope = max(slope, 0.0)
+        return mean_y - slope * mean_L, slope
 
     def _drafter_cells(self, R: int, seen: int, B: int) -> dict[int, tuple[float, float]]:
         """The cells whose drafter seconds price R's drafting: those of `seen` (the measured batch size nearest R),
@@ -233,6 +265,14 @@ def _nearest(rows: list[int], R: int):
         else:
             yield rows[lo]
             lo -= 1
+
+
+def _slope(seconds: list[float]) -> float:
+    """Seconds per depth between depth 1 and the deepest finite depth of `seconds` (0 with fewer than two)."""
+    finite = [L for L in range(1, len(seconds)) if math.isfinite(seconds[L])]
+    if len(finite) < 2:
+        return 0.0
+    return max((seconds[finite[-1]] - seconds[finite[0]]) / (finite[-1] - finite[0]), 0.0)
 
 
 def _line(cells: dict[int, tuple[float, float]], block_size: int) -> list[float]:

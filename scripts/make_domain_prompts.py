@@ -5,7 +5,9 @@
 - code: function stubs (signature + docstring) of the Python standard library's own functions, in the shape of
   HumanEval prompts (read with `ast`, never imported); `--tasks` writes small programming tasks from ~32 families
   (requests with a worked example, signature + docstring stubs, code to complete; no doctests);
-- chat prompts are not made here: ShareGPT's first turns already cover MT-Bench's domain.
+- chat: `--chat` writes instructions in MT-Bench's first-turn shapes (writing, roleplay, reasoning, math, STEM and
+  humanities, extraction) from templates here, none of its text (ShareGPT's ~10k first turns were all self-distilled
+  by session 20, and MT-Bench stayed the weakest set).
 
 The output is JSONL with a `text` field, ready for `hf-dspark make-data --prompts FILE` (which decontaminates it
 against GSM8K, HumanEval and MT-Bench as for any prompt file).
@@ -17,6 +19,7 @@ against GSM8K, HumanEval and MT-Bench as for any prompt file).
         --seed 2 --exclude runs/prompts-domain.jsonl --exclude runs/prompts-domain2.jsonl
     python scripts/make_domain_prompts.py --out runs/prompts-domain4.jsonl --math 0 --code 0 --stories 1500 --tasks 3000 \
         --seed 3 --exclude runs/prompts-domain3.jsonl
+    python scripts/make_domain_prompts.py --out runs/prompts-chat1.jsonl --math 0 --code 0 --chat 3000 --seed 9
 """
 
 from __future__ import annotations
@@ -354,6 +357,173 @@ def _code_task(rng: random.Random) -> str:
     return rng.choice(shapes)()
 
 
+TOPICS = ["remote work", "city cycling", "learning a second language", "urban gardening", "public libraries",
+          "night trains", "board games", "volunteering", "minimalism", "space exploration", "home cooking",
+          "street food", "solar power", "morning routines", "museum visits", "hiking alone", "digital privacy",
+          "electric cars", "handwritten letters", "local theatre", "birdwatching", "recycling", "jazz", "chess",
+          "sleep", "coral reefs", "ancient libraries", "tea ceremonies", "mountain villages", "public transport"]
+TRIPS = ["Lisbon", "Kyoto", "Iceland", "the Scottish Highlands", "Patagonia", "Marrakech", "Vancouver", "Crete",
+         "the Amalfi Coast", "Hanoi", "New Zealand's South Island", "Prague", "Cape Town", "Oaxaca", "Norway's fjords"]
+READERS = ["a ten-year-old", "a busy parent", "a first-year university student", "a retired engineer",
+           "a small-business owner", "someone who has never used a computer", "a high-school class", "a new employee"]
+STYLES = ["formal", "friendly", "humorous", "concise", "enthusiastic", "persuasive", "poetic", "neutral"]
+PERSONAS = ["a medieval blacksmith", "a ship's captain in 1850", "a detective in 1920s Chicago", "a friendly robot",
+            "a wise old tree", "a Renaissance painter", "a travel guide in Rome", "a pirate who loves books",
+            "a professional chef", "a football coach", "a librarian in a magic school", "an astronaut on Mars",
+            "a dragon who is afraid of fire", "a personal fitness trainer", "a stand-up comedian", "a museum curator"]
+PROBLEMS = ["my neighbours are too loud at night", "I can't stick to a study schedule", "my houseplants keep dying",
+            "I am nervous about a job interview", "my team misses deadlines", "I spend too much on takeaway food",
+            "my teenager won't talk to me", "I want to run my first 10k", "I keep forgetting people's names",
+            "my small shop gets few customers on weekdays"]
+CONCEPTS = ["photosynthesis", "compound interest", "supply and demand", "the water cycle", "vaccines", "inflation",
+            "black holes", "machine learning", "plate tectonics", "natural selection", "the greenhouse effect",
+            "how a bill becomes law", "the placebo effect", "entropy", "blockchain", "the immune system", "tides",
+            "opportunity cost", "the Renaissance", "the Industrial Revolution", "democracy in ancient Athens",
+            "the scientific method", "antibiotic resistance", "the stock market", "nuclear fission", "DNA replication"]
+PAIRS = [("capitalism", "socialism"), ("renting", "buying a home"), ("cats", "dogs as pets"), ("e-books", "paper books"),
+         ("nuclear", "wind power"), ("public", "private schools"), ("trains", "planes for short trips"),
+         ("Stoicism", "Epicureanism"), ("impressionism", "realism in painting"), ("classical", "operant conditioning"),
+         ("weather", "climate"), ("viruses", "bacteria"), ("mitosis", "meiosis"), ("stocks", "bonds")]
+NAMES2 = ["Alice", "Ben", "Chloe", "David", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kira", "Leo"]
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+PRODUCTS = [("a wireless kettle", "kitchen"), ("a solar phone charger", "outdoor"), ("noise-cancelling earbuds", "audio"),
+            ("a reusable notebook", "stationery"), ("a standing desk", "office"), ("a smart plant pot", "garden"),
+            ("a foldable e-bike", "transport"), ("a weighted blanket", "home")]
+
+
+def _writing_prompt(rng: random.Random) -> str:
+    topic, trip, reader, style = rng.choice(TOPICS), rng.choice(TRIPS), rng.choice(READERS), rng.choice(STYLES)
+    n = rng.choice([100, 150, 200, 250, 300])
+    product, kind = rng.choice(PRODUCTS)
+    a, b = rng.sample(NAMES2, 2)
+    templates = [
+        f"Write a travel blog post about a week in {trip}, with the sights, the food and one tip for visitors.",
+        f"Write a {style} email to your manager asking for two days off next month to attend a friend's wedding.",
+        f"Write a short poem about {topic}.",
+        f"Write a {n}-word persuasive essay arguing that more people should try {topic}.",
+        f"Write a product description for {product} for an online {kind} store.",
+        f"Write the opening paragraph of a mystery story set in {trip}.",
+        f"Write a {style} speech for a school graduation about {topic}.",
+        f"Rewrite this sentence in a {style} tone: \"{a} told {b} that the meeting was moved to {rng.choice(DAYS)}.\"",
+        f"Write a polite complaint letter to a hotel in {trip} about a noisy room.",
+        f"Write a social media post announcing a community event about {topic}.",
+        f"Write a short cover letter for a job as a {rng.choice(JOBS)}.",
+        f"Write a review of a restaurant in {trip} that had great food but slow service.",
+        f"Write a limerick about {topic}.",
+        f"Draft a {style} message to a neighbour inviting them to a barbecue on {rng.choice(DAYS)}.",
+        f"Write a short story of about {n} words in which {a} discovers something surprising about {topic}.",
+        f"Write a {style} introduction for a podcast episode about {topic}.",
+        f"Write a letter to your future self about {topic}.",
+        f"Write a haiku sequence of three haikus about {trip}.",
+    ]
+    return rng.choice(templates)
+
+
+def _roleplay_prompt(rng: random.Random) -> str:
+    persona, problem, topic = rng.choice(PERSONAS), rng.choice(PROBLEMS), rng.choice(TOPICS)
+    templates = [
+        f"Pretend you are {persona}. Describe a typical day in your life.",
+        f"Act as {persona} and give me your honest opinion on {topic}.",
+        f"You are {persona}. Someone asks you for advice: {problem}. What do you say?",
+        f"Imagine you are {persona} visiting a modern city for the first time. What surprises you most?",
+        f"Play the role of a {rng.choice(JOBS)} interviewing me for a job. Ask me your first three questions.",
+        f"Take on the role of {persona} and explain {rng.choice(CONCEPTS)} in your own words.",
+        f"Pretend to be a career counsellor. {problem.capitalize()}. How should I handle it?",
+        f"As {persona}, write a short diary entry about an unusual day.",
+        f"Act as a friendly tour guide and welcome a group of visitors to {rng.choice(TRIPS)}.",
+        f"You are {persona}. Convince me to take up {topic}.",
+    ]
+    return rng.choice(templates)
+
+
+def _reasoning_prompt(rng: random.Random) -> str:
+    a, b, c, d = rng.sample(NAMES2, 4)
+    n, k = rng.randint(5, 40), rng.randint(2, 9)
+    day = rng.randrange(7)
+    templates = [
+        f"{a} is taller than {b}, and {b} is taller than {c}. Is {c} taller than {a}? Explain your reasoning.",
+        f"In a race, you overtake the person in position {k}. What position are you in now?",
+        f"If today is {DAYS[day]}, what day of the week will it be in {n} days?",
+        f"There are {n} people at a party and everyone shakes hands with everyone else once. How many handshakes are there?",
+        f"{a} is {b}'s parent, and {c} is {a}'s parent. How is {c} related to {b}?",
+        f"{a} walks {k} km north, then {k + 3} km east, then {k} km south. How far is {a} from the starting point?",
+        f"All {rng.choice(['bloops', 'zinks', 'trolls', 'quibs'])} are green, and some green things are round. Can we "
+        f"conclude that some of them are round? Explain.",
+        f"{a}, {b} and {c} each have a different pet: a cat, a dog and a fish. {a} does not have the cat, and {b} has "
+        f"the fish. Who has which pet?",
+        f"A clock shows 3:15. What is the angle between the hour hand and the minute hand?",
+        f"{a} is older than {b} but younger than {c}. {d} is older than {c}. Who is the youngest?",
+        f"A farmer has {n} sheep and all but {k} run away. How many are left?",
+        f"If it takes {k} machines {k} minutes to make {k} widgets, how long would it take {n} machines to make {n} widgets?",
+    ]
+    return rng.choice(templates)
+
+
+def _math_question(rng: random.Random) -> str:
+    a, b, c = rng.randint(2, 12), rng.randint(1, 30), rng.randint(31, 120)
+    x1, y1, x2, y2, x3, y3 = (rng.randint(-5, 9) for _ in range(6))
+    n, m = rng.randint(20, 500), rng.randint(3, 13)
+    templates = [
+        f"Solve for x: {a}x + {b} = {c}.",
+        f"Find the area of the triangle with vertices ({x1}, {y1}), ({x2}, {y2}) and ({x3}, {y3}).",
+        f"What is the remainder when {n} is divided by {m}?",
+        f"When rolling two fair dice, what is the probability that the sum is {rng.randint(3, 11)}?",
+        f"Solve the system of equations: x + y = {b + c}, x - y = {c - b}.",
+        f"If f(x) = {a}x^2 - {b}x + {m}, what is f({rng.randint(-4, 6)})?",
+        f"The first term of an arithmetic sequence is {b} and the common difference is {a}. What is the {m}th term?",
+        f"A price rises from ${n} to ${n + b * 3}. What is the percentage increase?",
+        f"How many positive integers less than {n} are divisible by {m}?",
+        f"Find the distance between the points ({x1}, {y1}) and ({x2}, {y2}).",
+        f"What is the sum of the interior angles of a polygon with {m} sides?",
+        f"Solve the inequality {a}x - {b} > {c}.",
+    ]
+    return rng.choice(templates)
+
+
+def _knowledge_prompt(rng: random.Random) -> str:
+    concept, reader, (p, q) = rng.choice(CONCEPTS), rng.choice(READERS), rng.choice(PAIRS)
+    k = rng.choice([3, 4, 5])
+    templates = [
+        f"Explain {concept} to {reader}.",
+        f"Compare {p} and {q}: what are the main differences?",
+        f"What are the pros and cons of {rng.choice(TOPICS)}?",
+        f"Describe {concept} in {k} short steps.",
+        f"Give {k} real-world examples of {concept}.",
+        f"Why does {concept} matter for everyday life? Answer in one paragraph.",
+        f"What are common misconceptions about {concept}?",
+        f"Summarize the history of {rng.choice(TOPICS)} in a few sentences.",
+        f"Give me {k} tips for getting better at {rng.choice(TOPICS)}, in short bullet points.",
+    ]
+    return rng.choice(templates)
+
+
+def _extraction_prompt(rng: random.Random) -> str:
+    people = rng.sample(NAMES2, 3)
+    items = rng.sample(PRODUCTS, 3)
+    prices = [rng.randint(15, 300) for _ in items]
+    text = " ".join(f"{p} bought {it} for ${pr} on {rng.choice(DAYS)}." for p, (it, _), pr in zip(people, items, prices))
+    templates = [
+        f"Extract every person, product and price from this text and return them as JSON: {text}",
+        f"From the following text, list who spent the most and how much: {text}",
+        f"Turn this text into a table with columns name, item, price and day: {text}",
+        f"Summarize this text in one sentence: {text}",
+    ]
+    return rng.choice(templates)
+
+
+def _chat_prompt(rng: random.Random) -> str:
+    """One instruction in MT-Bench's first-turn shapes from our own templates (writing, roleplay, reasoning, math,
+    STEM and humanities, extraction), none of its text."""
+    family = rng.choices([_writing_prompt, _roleplay_prompt, _reasoning_prompt, _math_question, _knowledge_prompt,
+                          _extraction_prompt], weights=[3, 2, 2, 2, 2, 1])[0]
+    return family(rng)
+
+
+def _chat_prompts(n: int, seed: int) -> list[str]:
+    """`n` distinct chat instructions (seeded)."""
+    return _distinct(_chat_prompt, random.Random(seed + 7), n)
+
+
 def _code_tasks(n: int, seed: int) -> list[str]:
     """`n` distinct programming tasks (seeded)."""
     return _distinct(_code_task, random.Random(seed + 5), n)
@@ -414,7 +584,7 @@ def _stdlib_stubs() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def domain_prompts(
-    math: int, code: int, seed: int = 0, methods: int = 0, stories: int = 0, tasks: int = 0
+    math: int, code: int, seed: int = 0, methods: int = 0, stories: int = 0, tasks: int = 0, chat: int = 0
 ) -> list[str]:
     """`math` word problems, up to `code` standard-library function stubs, up to `methods` method stubs, `stories`
     narrative word problems and `tasks` programming tasks, shuffled together (seeded; `methods=0, stories=0, tasks=0`
@@ -437,6 +607,9 @@ def domain_prompts(
     if tasks:
         rows += _code_tasks(tasks, seed)
         random.Random(seed + 6).shuffle(rows)
+    if chat:
+        rows += _chat_prompts(chat, seed)
+        random.Random(seed + 8).shuffle(rows)
     return rows
 
 
@@ -454,12 +627,15 @@ def main() -> None:
                    help="how many narrative multi-step word problems (~30 families, several phrasings each)")
     p.add_argument("--tasks", type=int, default=0,
                    help="how many small programming tasks (~32 families, five shapes: requests, stubs, code to complete)")
+    p.add_argument("--chat", type=int, default=0,
+                   help="how many chat instructions in MT-Bench's first-turn shapes (writing, roleplay, reasoning, math, "
+                        "STEM/humanities, extraction)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--exclude", type=Path, action="append", default=[], metavar="JSONL",
                    help="leave out prompts already in this file (an earlier run's output); repeatable")
     args = p.parse_args()
     seen = set().union(*map(_texts, args.exclude))
-    rows = domain_prompts(args.math, args.code, args.seed, args.methods, args.stories, args.tasks)
+    rows = domain_prompts(args.math, args.code, args.seed, args.methods, args.stories, args.tasks, args.chat)
     rows = [r for r in rows if r not in seen]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -469,8 +645,9 @@ def main() -> None:
     tasks = set(_code_tasks(args.tasks, args.seed)) if args.tasks else set()
     code = sum(r.startswith("def ") and r not in tasks for r in rows)
     methods, n_tasks = sum(r.startswith("class ") for r in rows), sum(r in tasks for r in rows)
-    print(f"wrote {len(rows)} prompts to {out}: {len(rows) - code - methods - n_tasks} math word problems, {code} "
-          f"standard-library function stubs, {methods} method stubs, {n_tasks} programming tasks"
+    n_chat = len(set(_chat_prompts(args.chat, args.seed)) & set(rows)) if args.chat else 0
+    print(f"wrote {len(rows)} prompts to {out}: {len(rows) - code - methods - n_tasks - n_chat} math word problems, {code} "
+          f"standard-library function stubs, {methods} method stubs, {n_tasks} programming tasks, {n_chat} chat instructions"
           + (f" (left out {len(seen)} prompts of {len(args.exclude)} files)" if seen else ""))
 
 

@@ -168,12 +168,38 @@ def test_a_size_that_never_drafted_borrows_the_drafter_seconds_of_the_nearest_on
     assert float(got[7]) == pytest.approx(0.039 + 0.018 * 7 / 6)
 
 
-def test_measured_cells_stay_and_estimates_fall_in_line_around_them():
-    """A depth measured at R is not lowered to an estimate of a deeper one; deeper estimates rise to it instead."""
+def test_a_plain_cell_stays_as_measured_and_drafting_depths_follow_one_line():
+    """Plain measured at R stays; R's one measured drafting depth sets the line's level, the estimate its slope."""
     costs = StepCosts(StepTimeTable([32, 64], [9.0, 8.0], max_batch_tokens=512))
     costs.observe(1, 0, step_seconds=0.039)
     costs.observe(1, 5, step_seconds=0.075, draft_seconds=0.015)  # verify 0.06: the ratio prices the rest
     got = costs.seconds(1, 7).tolist()
     assert got[5] == pytest.approx(0.075) and got[0] == pytest.approx(0.039)
-    assert got[6] == pytest.approx(0.075) and got[7] == pytest.approx(0.075)  # estimates below: raised
+    slope = 0.015 / 5  # the flat table adds nothing; the drafter line through depth 5 adds 3 ms per depth
+    assert got[6] == pytest.approx(0.075 + slope) and got[7] == pytest.approx(0.075 + 2 * slope)
+    assert got[1] == pytest.approx(0.075 - 4 * slope)
     assert got == sorted(got)
+
+
+def test_every_drafting_step_reprices_every_depth():
+    """One slow depth-7 step early on must not keep depth 7 dear while depth 5 runs: the line pools R's depths.
+    (Per-depth means priced the full block at batch 1 from one stale step, and the scheduler ran at 0.89x of it.)"""
+    costs = StepCosts(StepTimeTable([32, 64], [9.0, 8.0], max_batch_tokens=512))  # flat at batch 1, as on a CPU
+    costs.observe(1, 7, step_seconds=0.2, draft_seconds=0.02)  # a slow phase
+    for _ in range(40):
+        costs.observe(1, 5, step_seconds=0.1, draft_seconds=0.01)
+    got = costs.seconds(1, 7).tolist()
+    assert got[5] == pytest.approx(0.1, rel=0.02) and got[7] < 0.11
+
+
+def test_the_drafting_line_averages_noise_across_depths():
+    """Steps at depths 3 and 7, each +-20% noisy, alternating: the line recovers 0.1 + 0.002 L within a few percent,
+    and never prices a deeper depth below a shallower one."""
+    costs = StepCosts(linear_table(max_batch_tokens=512))
+    gen = torch.Generator().manual_seed(0)
+    for i in range(200):
+        L = 3 if i % 2 else 7
+        costs.observe(1, L, step_seconds=(0.1 + 0.002 * L) * (1 + 0.2 * (2 * float(torch.rand(1, generator=gen)) - 1)))
+    got = costs.seconds(1, 7).tolist()
+    assert got[1:] == sorted(got[1:])
+    assert got[7] == pytest.approx(0.114, rel=0.06) and got[3] == pytest.approx(0.106, rel=0.06)

@@ -812,6 +812,21 @@ def test_domain_prompts_add_method_stubs_without_changing_the_earlier_list():
         assert isinstance(cls, ast.ClassDef) and not cls.body[0].name.startswith("_") and ast.get_docstring(cls.body[0])
 
 
+def test_chat_prompts_are_varied_formatted_and_none_reads_as_mt_bench():
+    from hf_dspark.training.data import decontaminate
+
+    mod = _script("make_domain_prompts")
+    before = mod.domain_prompts(math=5, code=0, seed=0)
+    after = mod.domain_prompts(math=5, code=0, seed=0, chat=400)
+    assert before == mod.domain_prompts(math=5, code=0, seed=0) and set(before) < set(after)  # chat=0: the list of before
+    chat = [r for r in after if r not in before]
+    assert len(chat) == len(set(chat)) == 400 and set(chat) == set(mod._chat_prompts(400, seed=0))  # distinct, seeded
+    assert all("{" not in c and "}" not in c and c[-1] in '.?!"' for c in chat)  # fully formatted sentences
+    starts = {" ".join(c.split()[:2]) for c in chat}
+    assert len(starts) > 40  # many families, not one template
+    assert decontaminate(chat)[1] == 0  # nothing reads as an evaluation prompt
+
+
 def test_domain_prompts_add_story_problems_and_code_tasks_without_changing_the_earlier_lists():
     import ast
     import re
