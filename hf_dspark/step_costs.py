@@ -20,10 +20,10 @@ nine measurements weigh 1 down to 1/4 (default half_life 4: worth ~7 equal ones)
 measurement (97% after 28 steps). Machines drift (a CPU's step time moved 0.43 -> 0.36 s
 within one benchmark), and a cell last measured in another phase, compared with one measured now, chose
 drafting at synthetic batch 64 where plain decoding was 17% faster. `age(L)` tells the scheduler how stale a
-depth's price is. Once R has drafted, its drafting depths are priced by one line a + b L through all of R's recent
-drafting steps (`_pooled_drafting_line`): depths a few percent apart (batch 1 on a CPU) were otherwise decided by a
-few noisy steps each, and a depth measured once in a slow phase kept its price until it ran again, which it then
-never did. It predicts a cell it has not measured (and gives the line's slope before R has drafted at two depths):
+depth's price is. Where the table prices every depth at R within `POOL_MAX_TABLE_SPREAD` plain steps (small
+batches on a CPU), once R has drafted its drafting depths are priced by one line a + b L through all of R's recent
+drafting steps (`_pooled_drafting_line`): depths a few percent apart were otherwise decided by a few noisy steps
+each, and a depth measured once in a slow phase kept its price until it ran again, which it then never did. It predicts a cell it has not measured (and gives the line's slope before R has drafted at two depths):
 - verify: the table's time T_R(R (L + 1)) scaled by the smallest measured/table ratio of the cells measured at R
   (optimistic, so an unmeasured depth that might be the best gets tried once and is known from then on);
 - draft: the least-squares line (intercept and slope >= 0) through the measured depths at R; with one depth
@@ -63,6 +63,9 @@ from .step_table import StepTimeTable
 
 
 POOL_HALF_LIVES = 2.0  # a drafting step weighs half as much in its batch size's line after this many half_lifes
+POOL_MAX_TABLE_SPREAD = 2.0  # pool only where the table prices the deepest verify at most this many plain steps:
+# there depths differ by less than a step's noise; beyond (batch 16 on a 2-core CPU: ~3.5x), the table's staircase
+# gives each depth its shape, which a line in L does not follow (pooled there, batch 16 drafted at 0.86x of plain)
 POOL_SLOPE_PRIOR = 4.0  # the estimate's slope counts like this much weight x depth^2 of measurements (two fresh steps 2 depths apart: 4)
 
 
@@ -201,7 +204,9 @@ class StepCosts:
                 v, d = self._cells[near][L]
                 out[L] = v + d if near == R else (v + d) * self._scale_seconds(R, B)[L] / self._scale_seconds(near, B)[L]
         here = self._cells.get(R, {})
-        pooled = self._pooled_drafting_line(R, B, model_slope, [L for L in range(1, B + 1) if math.isfinite(prior[L])])
+        depths = [L for L in range(1, B + 1) if math.isfinite(prior[L])]
+        flat = bool(depths) and prior[depths[-1]] <= POOL_MAX_TABLE_SPREAD * prior[0]
+        pooled = self._pooled_drafting_line(R, B, model_slope, depths) if flat else None
         if pooled is not None:  # R's drafting depths: one line through all of R's recent drafting steps
             a, b = pooled
             out[1:] = [a + b * L if math.isfinite(t) else math.inf for L, t in zip(range(1, B + 1), out[1:])]

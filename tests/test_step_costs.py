@@ -203,3 +203,14 @@ def test_the_drafting_line_averages_noise_across_depths():
     got = costs.seconds(1, 7).tolist()
     assert got[1:] == sorted(got[1:])
     assert got[7] == pytest.approx(0.114, rel=0.06) and got[3] == pytest.approx(0.106, rel=0.06)
+
+
+def test_where_the_table_is_steep_each_measured_depth_keeps_its_own_price():
+    """Batch 16: the table prices the full block at ~5 plain steps, a staircase a line in L does not follow, so no
+    pooling there (pooled, the scheduler drafted at 0.86x of plain decoding at batch 16 on a 2-core CPU)."""
+    costs = StepCosts(linear_table(max_batch_tokens=512))  # T(128) / T(16) = 5.3
+    costs.observe(16, 7, step_seconds=0.5, draft_seconds=0.02)
+    for _ in range(20):
+        costs.observe(16, 2, step_seconds=0.2, draft_seconds=0.01)
+    got = costs.seconds(16, 7).tolist()
+    assert got[7] == pytest.approx(0.5) and got[2] == pytest.approx(0.2)
