@@ -23,7 +23,8 @@ drafting at synthetic batch 64 where plain decoding was 17% faster. `age(L)` tel
 depth's price is. Where the table prices every depth at R within `POOL_MAX_TABLE_SPREAD` plain steps (small
 batches on a CPU), once R has drafted its drafting depths are priced by one line a + b L through all of R's recent
 drafting steps (`_pooled_drafting_line`): depths a few percent apart were otherwise decided by a few noisy steps
-each, and a depth measured once in a slow phase kept its price until it ran again, which it then never did. It predicts a cell it has not measured (and gives the line's slope before R has drafted at two depths):
+each, and a depth measured once in a slow phase kept its price until it ran again, which it then never did. It
+predicts a cell it has not measured (and gives the line's slope before R has drafted at two depths):
 - verify: the table's time T_R(R (L + 1)) scaled by the smallest measured/table ratio of the cells measured at R
   (optimistic, so an unmeasured depth that might be the best gets tried once and is known from then on);
 - draft: the least-squares line (intercept and slope >= 0) through the measured depths at R; with one depth
@@ -66,7 +67,7 @@ POOL_HALF_LIVES = 2.0  # a drafting step weighs half as much in its batch size's
 POOL_MAX_TABLE_SPREAD = 2.0  # pool only where the table prices the deepest verify at most this many plain steps:
 # there depths differ by less than a step's noise; beyond (batch 16 on a 2-core CPU: ~3.5x), the table's staircase
 # gives each depth its shape, which a line in L does not follow (pooled there, batch 16 drafted at 0.86x of plain)
-POOL_SLOPE_PRIOR = 4.0  # the estimate's slope counts like this much weight x depth^2 of measurements (two fresh steps 2 depths apart: 4)
+POOL_SLOPE_PRIOR = 4.0  # the estimate's slope weighs like this much weight x depth^2 of steps (two fresh ones 2 apart)
 
 
 class StepCosts:
@@ -195,7 +196,9 @@ class StepCosts:
         ratios = [v / seen_prior[L] for L, (v, _) in cells.items() if math.isfinite(seen_prior[L])]
         ratio = min(ratios) if ratios else 1.0  # optimistic: an unmeasured cell gets tried, then known
         out = [t * ratio + d if math.isfinite(t) else math.inf for t, d in zip(prior, _line(self._drafter_cells(R, seen, B), B))]
-        model_slope = _slope(out)  # seconds per depth of the estimate (table x ratio + drafter line)
+        depths = [L for L in range(1, B + 1) if math.isfinite(prior[L])]
+        flat = bool(depths) and prior[depths[-1]] <= POOL_MAX_TABLE_SPREAD * prior[0]  # pool R's drafting depths
+        model_slope = _slope(out) if flat else 0.0  # seconds per depth of the estimate (table x ratio + drafter line)
         for L in range(B + 1):  # a depth measured at R speaks for itself; elsewhere, the nearest R' scaled by the table
             if not math.isfinite(prior[L]):
                 continue
@@ -204,12 +207,10 @@ class StepCosts:
                 v, d = self._cells[near][L]
                 out[L] = v + d if near == R else (v + d) * self._scale_seconds(R, B)[L] / self._scale_seconds(near, B)[L]
         here = self._cells.get(R, {})
-        depths = [L for L in range(1, B + 1) if math.isfinite(prior[L])]
-        flat = bool(depths) and prior[depths[-1]] <= POOL_MAX_TABLE_SPREAD * prior[0]
-        pooled = self._pooled_drafting_line(R, B, model_slope, depths) if flat else None
+        pooled = self._pooled_drafting_line(R, model_slope, depths) if flat else None
         if pooled is not None:  # R's drafting depths: one line through all of R's recent drafting steps
             a, b = pooled
-            out[1:] = [a + b * L if math.isfinite(t) else math.inf for L, t in zip(range(1, B + 1), out[1:])]
+            out[1:] = [a + b * L if math.isfinite(t) else math.inf for L, t in enumerate(out[1:], 1)]
             here = {L: c for L, c in here.items() if L == 0}  # the line is an estimate: it falls in line with plain
         # a step does a subset of a deeper one's work: no estimate above a deeper price or below a shallower one
         # (a cell measured at R stays as measured: when estimates and measurements disagree, the estimate is wrong)
@@ -221,11 +222,11 @@ class StepCosts:
                 out[L] = max(out[L], out[L - 1])
         return out
 
-    def _pooled_drafting_line(self, R: int, B: int, prior_slope: float, depths: list[int]) -> tuple[float, float] | None:
+    def _pooled_drafting_line(self, R: int, prior_slope: float, depths: list[int]) -> tuple[float, float] | None:
         """(a, b): the drafting step's seconds a + b L at R, least squares through every recent drafting step at R
-        (all depths in `depths` pooled; a step `POOL_HALF_LIVES` x `half_life` steps older weighs half as much), the slope shrunk toward
-        `prior_slope` by `POOL_SLOPE_PRIOR` (so one measured depth gives the prior's slope) and kept >= 0; None
-        while R has not drafted. Per-depth means priced depths a few percent apart by a few noisy steps each: at
+        (all depths in `depths` pooled; a step `POOL_HALF_LIVES` x `half_life` steps older weighs half as much),
+        the slope shrunk toward `prior_slope` by `POOL_SLOPE_PRIOR` (so one measured depth gives the prior's slope)
+        and kept >= 0; None while R has not drafted. Per-depth means priced depths a few percent apart by a few noisy steps each: at
         batch 1 on a CPU (verify 8 tokens ~1.1x a plain step) a depth-7 price measured once in a slow phase was
         never revisited, and the scheduler ran at 0.89x of the full block (bench_results/s26)."""
         sw = sx = sy = sxx = sxy = 0.0
