@@ -27,6 +27,7 @@ from transformers.utils import logging
 import hf_dspark
 from hf_dspark.bench import default_drafter
 from hf_dspark.cpu_load import OtherCpuUse, contention_warning
+from hf_dspark.prepack import is_prepacked
 from hf_dspark.step_table import InvalidStepTableError, load_or_profile, local_table_path
 from hf_dspark.targets import fast_dtype, load_target
 
@@ -55,8 +56,9 @@ def main() -> int:
     drafter = hf_dspark.DSparkDrafter.from_pretrained(default_drafter(), target=model)
     scheduler = drafter.confidence_head is not None and has_step_table(model)  # it reads the drafter's confidences
     policies = {"the full block": False, "the DSpark scheduler": True} if scheduler else {"the full block": False}
-    print(f"\n2. Speed ({name(dtype)}, greedy, batch 1, {MAX_NEW_TOKENS} new tokens): DSpark verifying "
-          f"{' / '.join(policies)} at every step, against plain generate().")
+    packed = ", linear layers prepacked for small batches (hf_dspark.prepack_linears)" if is_prepacked(model) else ""
+    print(f"\n2. Speed ({name(dtype)}{packed}, greedy, batch 1, {MAX_NEW_TOKENS} new tokens): DSpark verifying "
+          f"{' / '.join(policies)} at every step, against plain generate() on the same model.")
     print("   acceptance per draft position k: P(draft k accepted | drafts before it accepted), over the steps that "
           "verified it; '-': no step verified a draft there\n")
     with OtherCpuUse() as load:

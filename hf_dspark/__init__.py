@@ -15,6 +15,7 @@ from .candidate_generator import DSparkCandidateGenerator
 from .configuration import DSparkConfig
 from .generation import DSparkGenerateOutput, DSparkStats, generate
 from .modeling import DSparkDrafter
+from .prepack import prepack_linears, unpack_linears
 
 __version__ = "0.1.0"
 
@@ -25,5 +26,7 @@ __all__ = [
     "DSparkGenerateOutput",
     "DSparkStats",
     "generate",
+    "prepack_linears",
+    "unpack_linears",
     "__version__",
 ]

@@ -27,6 +27,7 @@ from transformers.utils import ModelOutput
 from . import drafting
 from .draft_context import DraftContext
 from .generation import DSparkStats, cache_kwarg, check_cache, check_num_speculative_tokens, choose_policy, unwrap_drafter
+from .prepack import prepack_like
 from .processing import Processing
 
 
@@ -65,6 +66,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
     ) -> None:
         drafter = unwrap_drafter(drafter)
         drafter.require_target(target)
+        prepack_like(drafter, target)
         block_size = drafter.config.block_size
         check_num_speculative_tokens(num_speculative_tokens, block_size)
         check_cache(target, (model_kwargs or {}).get(cache_kwarg(target)))

