@@ -2,18 +2,19 @@
 
 At decode time a small model on a CPU is memory-bound: every step streams all its weights once. torch's default
 fp32 CPU matrix product (MKL) streams a weight at full speed only for one row of input (a matrix-vector product);
-for 2-16 rows, the shapes of a verify step, it repacks the weight on the fly and a step costs ~1.7x a one-token
-step on a 2-core AVX2 CPU. oneDNN with the weight packed once ahead of time streams it for any small number of
-rows: there a verify step over 8 tokens costs ~1.2-1.3x a one-token step, and a one-token step ~10% less than
-MKL's (`python scripts/prepacked_linear_speed.py` measures both on the real target).
+for 2-16 rows, the shapes of a verify step, it runs at about half that speed, and a verify step of 8 tokens costs
+~1.8 one-token steps on a 2-core AVX2 CPU. oneDNN with the weight packed once ahead of time streams it for any
+small number of rows: there a verify step of 8 tokens costs ~1.3 one-token steps, and a one-token step about what
+MKL's does (`python scripts/prepacked_linear_speed.py` measures both on the real target).
 
 Its rows are also batch-invariant: a row's output is bitwise the same whether it is multiplied alone or with 15
 others, so a verify forward computes each position's logits exactly as a one-token forward does (MKL's are not).
 
 `prepack_linears(model)` turns every plain `nn.Linear` of a CPU fp32 model into a `PrepackedLinear` in place
 (state dict, parameters and tied weights unchanged; a packed copy of each weight is kept beside it, so the
-weights' memory doubles). Without autograd, in fp32 on the CPU, its forward multiplies by the packed copy
-(repacked if the weight changed); otherwise (training, another dtype or device) it is `nn.Linear`'s forward.
+weights' memory doubles). Without autograd, in fp32 on the CPU, for up to MAX_PACKED_ROWS rows, its forward
+multiplies by the packed copy (repacked if the weight changed); otherwise (training, another dtype or device, a long
+prefill) it is `nn.Linear`'s forward.
 `unpack_linears(model)` undoes it.
 """
 
@@ -29,6 +30,9 @@ logger = logging.get_logger(__name__)
 # the number of rows the packed layout is tuned for: a verify step of block 7 is 8 tokens per request. Measured on
 # the real target (2-core AVX2): packed for 8 rows is faster than MKL at 1-64 rows; packed for 1 row is slower at 2-16
 PACK_BATCH_HINT = 8
+# above this many rows (a prefill) torch's default kernels are back in front: a forward of 1,024 / 6,400 tokens took
+# 1.07x / 1.08x as long prepacked, one of 128 / 512 tokens 0.97x
+MAX_PACKED_ROWS = 512
 
 
 def prepacking_available() -> bool:
@@ -53,13 +57,21 @@ class PrepackedLinear(nn.Linear):
             or not x.is_cpu
             or not weight.is_cpu
             or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
+            or x.numel() > MAX_PACKED_ROWS * self.in_features
         ):
             return F.linear(x, weight, self.bias)
         if (weight.data_ptr(), weight._version) != self._packed_key:  # loaded, edited or replaced since packing
             self._pack()
-        rows = x.reshape(-1, self.in_features)  # [tokens, in]
+        rows = x.reshape(-1, self.in_features).contiguous()  # [tokens, in] (a no-op for a contiguous x)
         out = torch.ops.mkldnn._linear_pointwise(rows, self._packed, self.bias, "none", [], "")  # [tokens, out]
         return out.reshape(*x.shape[:-1], self.out_features)
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the opaque packed copy out; the copy packs its own weight on first use."""
+        state = dict(super().__getstate__())
+        state.pop("_packed", None)
+        state["_packed_key"] = None
+        return state
 
     def _pack(self) -> None:
         self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_BATCH_HINT)

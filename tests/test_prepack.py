@@ -1,11 +1,13 @@
 """Prepacked fp32 CPU linear layers (hf_dspark.prepack): same results, batch-invariant rows, safe fallbacks."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 
 import hf_dspark
-from hf_dspark.prepack import PrepackedLinear, is_prepacked, prepacking_available
+from hf_dspark.prepack import MAX_PACKED_ROWS, PrepackedLinear, is_prepacked, prepacking_available
 from hf_dspark.step_table import InvalidStepTableError, StepTimeTable, linear_kernels
 
 from _tiny_models import tiny_drafter, tiny_target
@@ -32,6 +34,17 @@ def test_prepacked_layers_compute_nn_linear_with_rows_independent_of_the_batch(b
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(alone, got)  # bitwise: a row's result does not depend on the rows beside it
     assert torch.equal(in_threes, got[:3])
+
+
+def test_prepacked_layers_copy_and_serve_long_inputs_unpacked():
+    model, reference = two_layers(), two_layers()
+    hf_dspark.prepack_linears(model)
+    clone = copy.deepcopy(model)  # the opaque packed copy is left out and rebuilt on first use
+    long = torch.randn(MAX_PACKED_ROWS + 1, 64)  # a long prefill: torch's default kernels
+    with torch.no_grad():
+        x = torch.randn(4, 64)
+        torch.testing.assert_close(clone(x), reference(x), rtol=1e-5, atol=1e-5)
+        assert torch.equal(model(long), reference(long))
 
 
 def test_prepacked_layer_follows_weight_changes():
