@@ -7,8 +7,9 @@ for 2-16 rows, the shapes of a verify step, it runs at about half that speed, an
 small number of rows: there a verify step of 8 tokens costs ~1.3 one-token steps, and a one-token step about what
 MKL's does (`python scripts/prepacked_linear_speed.py` measures both on the real target).
 
-Its rows are also batch-invariant: a row's output is bitwise the same whether it is multiplied alone or with 15
-others, so a verify forward computes each position's logits exactly as a one-token forward does (MKL's are not).
+On that CPU its rows were also batch-invariant: a row's output bitwise the same whether multiplied alone or with
+15 others, so a verify forward computed each position's logits exactly as a one-token forward (MKL's differ in the
+last bits); the script checks it, since oneDNN may split a reduction differently elsewhere.
 
 `prepack_linears(model)` turns every plain `nn.Linear` of a CPU fp32 model into a `PrepackedLinear` in place
 (state dict, parameters and tied weights unchanged; a packed copy of each weight is kept beside it, so the
