@@ -131,3 +131,16 @@ def test_real_targets_load_prepacked_in_fp32_only(smollm2):
     assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
     bf16, _ = load_target("smollm2-135m-instruct", dtype=torch.bfloat16)
     assert not is_prepacked(bf16)
+
+
+def test_an_unpacked_fp32_cpu_target_gets_a_hint(caplog):
+    import logging
+
+    logging.Logger.warning_once.cache_clear()  # transformers' once-only warnings are cached per process
+    target = tiny_target()
+    drafter = tiny_drafter(target)
+    ids = torch.randint(3, target.config.vocab_size, (1, 6))
+    with caplog.at_level(logging.WARNING):
+        target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, max_new_tokens=4)
+    assert "hf_dspark.prepack_linears(model)" in caplog.text
+    assert not is_prepacked(target)  # a hint, never a change to the user's model
