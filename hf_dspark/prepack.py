@@ -41,6 +41,12 @@ def prepacking_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def can_prepack(model: nn.Module) -> bool:
+    """Whether `prepack_linears(model)` would serve it: fp32 parameters on the CPU and a torch build with oneDNN."""
+    param = next(model.parameters(), None)
+    return param is not None and param.dtype == torch.float32 and param.is_cpu and prepacking_available()
+
+
 class PrepackedLinear(nn.Linear):
     """An `nn.Linear` that, without autograd in fp32 on the CPU, multiplies by a oneDNN-prepacked copy of its weight.
 
@@ -90,9 +96,9 @@ def prepack_linears(model: nn.Module) -> int:
             "This torch build has no oneDNN (torch.backends.mkldnn.is_available() is False), so linear weights "
             "cannot be prepacked; use the model as it is."
         )
-    params = list(model.parameters())
-    if not params or params[0].device.type != "cpu" or params[0].dtype != torch.float32:
-        where = f"{params[0].dtype} on {params[0].device}" if params else "no parameters"
+    if not can_prepack(model):
+        param = next(model.parameters(), None)
+        where = f"{param.dtype} on {param.device}" if param is not None else "no parameters"
         raise ValueError(
             f"prepack_linears is for fp32 models on the CPU; this model has {where}. Load it in fp32 on the CPU "
             "(load_target(..., dtype=torch.float32)), or leave it unpacked."
@@ -128,15 +134,11 @@ def prepack_like(drafter: nn.Module, target: nn.Module) -> None:
     runs at the same small row counts; called by the DSpark loops, so prepacking the target is the one switch).
     An fp32 CPU target that is not prepacked gets a one-time hint."""
     if not is_prepacked(target):
-        target_param = next(target.parameters(), None)
-        if target_param is not None and target_param.dtype == torch.float32 and target_param.is_cpu:
-            if prepacking_available():
-                logger.warning_once(
-                    "DSpark on an fp32 CPU model with torch's default linear layers: hf_dspark.prepack_linears(model) "
-                    "can make its verify steps much cheaper (a verify step of 8 tokens fell from 1.8 to 1.3 one-token "
-                    "steps on a 2-core AVX2 CPU; hf_dspark.targets.load_target does it)."
-                )
-        return
-    param = next(drafter.parameters(), None)
-    if param is not None and param.dtype == torch.float32 and param.is_cpu and not is_prepacked(drafter):
+        if can_prepack(target):
+            logger.warning_once(
+                "DSpark on an fp32 CPU model with torch's default linear layers: hf_dspark.prepack_linears(model) "
+                "can make its verify steps much cheaper (a verify step of 8 tokens fell from 1.8 to 1.3 one-token "
+                "steps on a 2-core AVX2 CPU; hf_dspark.targets.load_target does it)."
+            )
+    elif can_prepack(drafter) and not is_prepacked(drafter):
         prepack_linears(drafter)

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
-from .prepack import prepack_linears, prepacking_available
+from .prepack import can_prepack, prepack_linears
 
 logger = logging.get_logger(__name__)
 
@@ -164,7 +164,7 @@ def load_target(
     tokenizer.padding_side = "left"
     model.name_or_path = name
     if prepack is None:
-        prepack = dtype == torch.float32 and torch.device(device).type == "cpu" and prepacking_available()
+        prepack = can_prepack(model)
     if prepack:
         prepack_linears(model)
     return model, tokenizer
