@@ -4,10 +4,11 @@
    with plain `generate()`.
 2. Speed, in the dtype this CPU multiplies fastest (bf16 with avx512_bf16/AMX, else fp32): a math, a code and a
    chat prompt, greedy, with `model.generate(..., assistant_model=drafter)` and with plain `generate()`, after a
-   warm-up each timed three times in turn in the same run (medians), DSpark both verifying the full block and with
-   the DSpark scheduler, which
-   decides at every step how many drafts to verify (0: a plain step) from this device's step-time table; on first
-   use the demo profiles the table and caches it where `generate()` looks for it.
+   warm-up each timed three times in turn in the same run (medians), DSpark three ways: verifying the drafter's
+   chain of 7 drafts (the full block) at every step; with the DSpark scheduler, which decides at every step how many
+   of them to verify (0: a plain step) from this device's step-time table (on first use the demo profiles the table
+   and caches it where `generate()` looks for it); and verifying a tree of the drafter's 7 most likely drafts
+   (`draft_tree_size=7`: the same verify width as the chain, more of it accepted).
 Prints the texts, tau, the acceptance per draft position and the speedups; writes `outputs/demo_acceptance.png`.
 """
 
@@ -39,6 +40,7 @@ PROMPTS = {
 }
 MAX_NEW_TOKENS = 64
 CHECK_NEW_TOKENS = 32
+TREE_SIZE = 7  # drafts in the demo's draft tree: as many as the chain's, so a verify step costs the same
 REPEATS = 3  # timed runs per contender and prompt, taken in turn; the demo reports their medians
 # the step table the demo profiles on first use: every default probe (1-512 tokens), fewer repeats than
 # `hf-dspark profile` (seconds on a 2-core CPU)
@@ -55,10 +57,15 @@ def main() -> int:
     model, tok = load_target(TARGET, dtype=dtype)
     drafter = hf_dspark.DSparkDrafter.from_pretrained(default_drafter(), target=model)
     scheduler = drafter.confidence_head is not None and has_step_table(model)  # it reads the drafter's confidences
-    policies = {"the full block": False, "the DSpark scheduler": True} if scheduler else {"the full block": False}
+    policies = {"the full block": dict(adaptive_verification=False)}
+    if scheduler:
+        policies["the DSpark scheduler"] = dict(adaptive_verification=True)
+    policies[f"a tree of {TREE_SIZE}"] = dict(adaptive_verification=False, draft_tree_size=TREE_SIZE)
     packed = ", linear layers prepacked for small batches (hf_dspark.prepack_linears)" if is_prepacked(model) else ""
     print(f"\n2. Speed ({name(dtype)}{packed}, greedy, batch 1, {MAX_NEW_TOKENS} new tokens): DSpark verifying "
           f"{' / '.join(policies)} at every step, against plain generate() on the same model.")
+    print(f"   the tree: the drafter's {TREE_SIZE} most likely drafts (draft_tree_size={TREE_SIZE}), grown from its one "
+          "backbone pass through the Markov head, verified in one forward; tau counts its accepted path")
     print("   acceptance per draft position k: P(draft k accepted | drafts before it accepted), over the steps that "
           "verified it; '-': no step verified a draft there\n")
     with OtherCpuUse() as load:
@@ -91,21 +98,23 @@ class SpeedRun:
     plain_s: float  # plain generate()
     spec_s: dict[str, float]  # per verify policy
     stats: Any  # DSparkStats of the full block
+    taus: dict[str, float]  # tau per verify policy (its warm-up call)
     differs_at: int | None  # the first new token where the full block's text differs from plain generate()'s
 
 
-def speed_run(model, tok, drafter, policies: dict[str, bool], label: str, prompt: str) -> SpeedRun:
+def speed_run(model, tok, drafter, policies: dict[str, dict], label: str, prompt: str) -> SpeedRun:
     """One prompt: plain generate() and DSpark with each verify policy, warmed up, then timed REPEATS times in turn
     (medians); prints the full block's text, tau, acceptance per position and the speedups."""
     enc = tok(chat(tok, prompt), return_tensors="pt")
     kw = dict(max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
     runs = {"plain": lambda: model.generate(**enc, **kw)}
-    for policy, adaptive in policies.items():
-        runs[policy] = lambda a=adaptive: model.generate(**enc, **kw, adaptive_verification=a, assistant_model=drafter)
-    ref, shown = runs["plain"](), None
+    for policy, options in policies.items():
+        runs[policy] = lambda o=options: model.generate(**enc, **kw, **o, assistant_model=drafter)
+    ref, shown, taus = runs["plain"](), None, {}
     for policy in policies:  # warm-up (the scheduler also learns this device's prices)
         out = runs[policy]()
         shown = shown or (out, drafter.last_stats)  # text and acceptance of the full block
+        taus[policy] = drafter.last_stats.mean_accepted_length
     seconds = {contender: [] for contender in runs}
     for _ in range(REPEATS):
         for contender, run in runs.items():
@@ -120,8 +129,9 @@ def speed_run(model, tok, drafter, policies: dict[str, bool], label: str, prompt
     acceptance = " ".join("-" if math.isnan(a) else f"{a:.2f}" for a in stats.per_position_acceptance)
     print(f"--- full block: tau {stats.mean_accepted_length:.2f} | acceptance per position {acceptance} | same text "
           "as plain generate(): " + ("yes" if same is None else f"no, from new token {same + 1} on"))
-    print(f"--- plain {t_plain:.2f} s; " + "; ".join(f"{p} {t:.2f} s: {t_plain / t:.2f}x" for p, t in times.items()) + "\n")
-    return SpeedRun(t_plain, times, stats, same)
+    print(f"--- plain {t_plain:.2f} s; " + "; ".join(f"{p} {t:.2f} s: {t_plain / t:.2f}x (tau {taus[p]:.2f})"
+                                                    for p, t in times.items()) + "\n")
+    return SpeedRun(t_plain, times, stats, taus, same)
 
 
 def exactness_check() -> bool:
@@ -133,10 +143,12 @@ def exactness_check() -> bool:
     ref = model.generate(**enc, **kw)
     out = model.generate(**enc, **kw, assistant_model=drafter, adaptive_verification=False)
     stats = drafter.last_stats
-    same = torch.equal(out, ref)
+    tree = model.generate(**enc, **kw, assistant_model=drafter, draft_tree_size=TREE_SIZE)
+    same = torch.equal(out, ref) and torch.equal(tree, ref)
     print(
         f"1. Exactness (fp32, greedy, the math prompt, {CHECK_NEW_TOKENS} new tokens, {stats.verified_tokens} drafts "
-        f"verified in {stats.steps} steps): DSpark's tokens are plain generate()'s: {'yes' if same else 'NO'}"
+        f"verified in {stats.steps} steps; again with a tree of {TREE_SIZE} drafts): DSpark's tokens are plain "
+        f"generate()'s: {'yes' if same else 'NO'}"
     )
     if not same:
         print("   DSpark must be token-identical to plain generate() in fp32: please report this as a bug.")

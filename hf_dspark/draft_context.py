@@ -91,6 +91,21 @@ class DraftContext:
         if tail > 0 and self._kv is not None:
             self._kv = [(k[:, :, :-tail], v[:, :, :-tail]) for k, v in self._kv]
 
+    def reorder_tail(self, order: torch.Tensor) -> None:
+        """Reorder the last W columns of each request by order [R, W] (indices into those W columns), with their
+        positions: a draft tree's accepted path moves first."""
+        width = order.shape[1]
+        if self._pending and self._pending[-1][1].shape[1] >= width:  # the usual case: the verify forward's taps wait
+            parts, positions = self._pending[-1]
+            head = positions.shape[1] - width
+            keep = torch.cat([torch.arange(head, device=order.device).expand(order.shape[0], -1), head + order], 1)
+            self._pending[-1] = (
+                tuple(p.gather(1, keep[:, :, None].expand(-1, -1, p.shape[-1])) for p in parts),
+                positions.gather(1, keep),
+            )
+            return
+        self._kv = [(_reorder_last(k, order), _reorder_last(v, order)) for k, v in self.kv()]
+
     def gather(self, keep: torch.Tensor) -> None:
         """Reorder columns per request, keep [R, C'] column indices (cache compaction; projects what is pending,
         since rows keep different numbers of projected and pending columns)."""
@@ -105,3 +120,9 @@ class DraftContext:
             chunks = [((torch.cat(parts, -1),), pos) for parts, pos in chunks]
         parts = tuple(torch.cat([c[0][i] for c in chunks], 1) for i in range(len(chunks[0][0])))
         return parts, torch.cat([pos for _, pos in chunks], 1)
+
+
+def _reorder_last(kv: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """kv [R, Hk, C, D] with its last W columns reordered by order [R, W]."""
+    width = order.shape[1]
+    return torch.cat([kv[:, :, :-width], gather_kv(kv[:, :, -width:], order)], dim=2)

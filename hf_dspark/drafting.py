@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from .draft_tree import DraftTree, grow_tree
 from .kernels import markov_sample_block
 from .modeling import DSparkDrafter, KVCache
 from .processing import Processing
@@ -25,9 +26,10 @@ from .processing import Processing
 
 @dataclass
 class Draft:
-    tokens: torch.Tensor  # [N, L] drafted ids x_0..x_{L-1} (L = depth, B for a full pass)
+    tokens: torch.Tensor  # [N, L] drafted ids x_0..x_{L-1} (L = depth, B for a full pass; the tree's nodes)
     q: torch.Tensor | None  # [N, L, V] draft distributions (None when greedy: q is one-hot)
-    conf_logits: torch.Tensor | None  # [N, L] confidence logits z_k (None without a confidence head)
+    conf_logits: torch.Tensor | None  # [N, L] confidence logits z_k (None without a confidence head, or for a tree)
+    tree: DraftTree | None = None  # set when the drafts form a tree (`draft_tree`), not a chain
 
 
 def draft_block(
@@ -42,28 +44,13 @@ def draft_block(
     depth: int | None = None,  # draft only drafts 0..depth-1 (default: all block_size of them)
 ) -> Draft:
     cfg = drafter.config
-    n, b = anchor.shape[0], cfg.block_slots
     depth = cfg.block_size if depth is None else depth
-    if not 1 <= depth <= cfg.block_size:
-        raise ValueError(f"depth must be in 1..block_size={cfg.block_size}, got {depth}.")
-    first = b - cfg.block_size  # the slot of the first draft: 1 when the anchor slot drafts nothing (z-lab DFlash)
-    block = torch.full((n, b), cfg.mask_token_id, dtype=torch.long, device=anchor.device)
-    block[:, 0] = anchor
-    positions = anchor_pos[:, None] + torch.arange(b, device=anchor.device)
-    mask = torch.cat(
-        [ctx_valid[:, None, None, :].expand(n, 1, b, -1), ctx_valid.new_ones((n, 1, b, b))], dim=-1
-    )  # [N, 1, B, C + B]
-    slots = drafter.block_hidden(block, positions, ctx_kv, mask)  # [N, slots, H]
-    hidden = slots[:, first : first + depth]  # [N, depth, H]
-    base = drafter.base_logits(hidden).float()  # [N, depth, D] (D = V unless the draft vocabulary is reduced)
+    hidden, base, state = _backbone(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, markov, depth)
     head = drafter.markov_head if markov else None
     conf = drafter.confidence_head
     conf_reads_w1 = conf is not None and conf.proj.in_features > cfg.hidden_size
     fused = processing.temperature_only and (head.head_type == "vanilla" if head is not None else not conf_reads_w1)
     if not fused:
-        state = None
-        if first and markov:  # z-lab layout: an rnn head's state has already stepped over the anchor slot
-            state = drafter.markov_latent(anchor, slots[:, 0])[1]
         return _sequential(drafter, base, hidden, anchor, processing, prefix, markov, state)
 
     # vanilla head (or none) and at most a temperature: the fused sampler (Triton on CUDA, torch elsewhere), in the
@@ -87,6 +74,48 @@ def draft_block(
     if q is not None:  # verification reads q over the target vocabulary: 0 outside the drafter's
         q = drafter.to_target_vocab(q, fill=0.0)
     return Draft(tokens, q, conf_logits)
+
+
+def draft_tree(
+    drafter: DSparkDrafter,
+    anchor: torch.Tensor,  # [N] last committed token per row
+    anchor_pos: torch.Tensor,  # [N] its absolute position p
+    ctx_kv: KVCache,  # per layer [N, Hk, C, D] context keys/values
+    ctx_valid: torch.Tensor,  # [N, C] bool
+    processing: Processing,
+    prefix: Callable[[int, torch.Tensor], torch.Tensor] | None,
+    markov: bool,
+    depth: int,  # levels of the tree (draft positions 0..depth-1)
+    size: int,  # nodes to verify
+) -> Draft:
+    """One backbone pass, then a best-first tree of `size` drafts over the first `depth` positions (greedy only;
+    see `hf_dspark.draft_tree`)."""
+    hidden, base, state = _backbone(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, markov, depth)
+    tree = grow_tree(drafter, base, hidden, anchor, processing, prefix, markov, size, state)
+    return Draft(tokens=tree.tokens, q=None, conf_logits=None, tree=tree)
+
+
+def _backbone(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, markov: bool, depth: int):
+    """The backbone over `[anchor, MASK x (B-1)]` -> hidden [N, depth, H] and U_k [N, depth, D] of the first `depth`
+    drafts, and an rnn Markov head's state before the first draft (z-lab layout; else None)."""
+    cfg = drafter.config
+    n, b = anchor.shape[0], cfg.block_slots
+    if not 1 <= depth <= cfg.block_size:
+        raise ValueError(f"depth must be in 1..block_size={cfg.block_size}, got {depth}.")
+    first = b - cfg.block_size  # the slot of the first draft: 1 when the anchor slot drafts nothing (z-lab DFlash)
+    block = torch.full((n, b), cfg.mask_token_id, dtype=torch.long, device=anchor.device)
+    block[:, 0] = anchor
+    positions = anchor_pos[:, None] + torch.arange(b, device=anchor.device)
+    mask = torch.cat(
+        [ctx_valid[:, None, None, :].expand(n, 1, b, -1), ctx_valid.new_ones((n, 1, b, b))], dim=-1
+    )  # [N, 1, B, C + B]
+    slots = drafter.block_hidden(block, positions, ctx_kv, mask)  # [N, slots, H]
+    hidden = slots[:, first : first + depth]  # [N, depth, H]
+    base = drafter.base_logits(hidden).float()  # [N, depth, D] (D = V unless the draft vocabulary is reduced)
+    state = None
+    if first and markov:  # z-lab layout: an rnn head's state has already stepped over the anchor slot
+        state = drafter.markov_latent(anchor, slots[:, 0])[1]
+    return hidden, base, state
 
 
 def _sequential(drafter, base, hidden, anchor, processing, prefix, markov, state=None) -> Draft:

@@ -13,11 +13,14 @@ stopping), `_Rows` what changes (the running rows, their anchors and positions, 
     _prefill        the target over the prompts -> first token per row; its taps -> the drafter's context
     _decode_step    per step, for the R rows still running:
       _choose_depth   how many drafts to make (the policy: full block / threshold / scheduler; 0 = a plain step)
-      _draft          one drafter pass -> drafts, q, confidence logits
+      _draft          one drafter pass -> drafts, q, confidence logits (or a tree of drafts: `draft_tree_size`)
       _verify         how many drafts each row verifies, then one target forward over [anchor, x_0..x_{l_r-1}]
-      _accept         greedy match or rejection sampling (SPEC section 3) on the flat ragged layout
+                      (over [anchor, tree nodes] with a tree attention mask)
+      _accept         greedy match or rejection sampling (SPEC section 3) on the flat ragged layout (a tree: the
+                      longest path the target agrees with)
       _commit         commit a_r + 1 tokens (cut at EOS / stop strings / max_new_tokens), roll the caches back to
-                      [anchor + accepted drafts], drop finished rows, crop / compact holes
+                      [anchor + accepted drafts] (a tree's accepted path first), drop finished rows, crop / compact
+                      holes
     _finish         the padded sequences and the statistics
 
 Shapes: N prompts of P tokens, R running rows, B block size, W = 1 + max l_r verify positions per row, C cache
@@ -50,6 +53,7 @@ from transformers.utils import logging
 
 from . import drafting
 from .draft_context import DraftContext
+from .draft_tree import accept_tree, ancestor_mask, check_draft_tree_size
 from .drafting import Draft
 from .kernels import build_cu_num_draft, build_verify_inputs, flatten_ragged, gather_kv, rejection_sample
 from .modeling import DSparkDrafter
@@ -260,6 +264,7 @@ class _Call:
     markov: bool  # False: sample the block without the Markov head (DFlash)
     budget: int  # new tokens allowed per row
     max_drafts: int | None  # num_speculative_tokens
+    tree_size: int | None  # draft_tree_size: verify a tree of this many drafts (greedy), None: a chain
     eos: set[int]
     pad_id: int
     criteria: list  # stopping criteria other than EOS and the length (stop strings, the caller's)
@@ -294,6 +299,7 @@ class _Verified:
     valid: torch.Tensor  # [R, W] bool: the anchor and each row's verified drafts
     mask: torch.Tensor  # [R, C + W] bool: the columns each row attended to (the next ctx_valid, rejections masked)
     logits: torch.Tensor  # [T, V] fp32: the target's logits after the anchor and after each verified draft, row by row
+    caps: torch.Tensor  # [R] the most drafts each row may accept
 
 
 @torch.no_grad()
@@ -313,6 +319,7 @@ def generate(
     confidence_threshold: float | None = None,
     adaptive_verification: bool | None = None,
     verify_policy: VerifyPolicy | None = None,
+    draft_tree_size: int | None = None,
     **model_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """DSpark speculative decoding; use as `model.generate(**enc, custom_generate=hf_dspark.generate, drafter=d)`.
@@ -325,6 +332,9 @@ def generate(
         confidence_threshold: verify drafts while the calibrated confidence stays >= this value.
         adaptive_verification: use the hardware-aware prefix scheduler (needs a step table; see step_table.py).
         verify_policy: any `hf_dspark.scheduler.VerifyPolicy` (overrides the three options above).
+        draft_tree_size: greedy decoding only: verify the drafter's `draft_tree_size` most likely drafts, grown as a
+            tree from the Markov head (`hf_dspark.draft_tree`), instead of its best chain; every drafting step
+            verifies the full tree (no scheduler). None: a chain.
         dspark_streamer: a transformers streamer (`streamer=` is consumed by generate() before it reaches here).
         stop_strings, stop_tokenizer: stop strings, cut at the exact stop point inside an accepted block
             (generate() does not hand its tokenizer to a custom_generate callable, hence our own names).
@@ -342,7 +352,7 @@ def generate(
     policy_options.update(adaptive_verification=adaptive_verification)
     call = _start_call(
         model, drafter, input_ids, generation_config, logits_processor, stopping_criteria, stop_strings, stop_tokenizer,
-        dspark_streamer, num_speculative_tokens, markov, policy_options, model_kwargs,
+        dspark_streamer, num_speculative_tokens, markov, policy_options, draft_tree_size, model_kwargs,
     )
     if call.budget > 0:
         rows = _prefill(call, input_ids, attention_mask)
@@ -353,7 +363,7 @@ def generate(
 
 def _start_call(
     model, drafter, input_ids, gen, logits_processor, stopping_criteria, stop_strings, stop_tokenizer, streamer,
-    num_speculative_tokens, markov, policy_options, model_kwargs,
+    num_speculative_tokens, markov, policy_options, tree_size, model_kwargs,
 ) -> _Call:
     """Check the inputs, read the generation config, choose the verify policy; what is left of `model_kwargs` goes
     to every target forward."""
@@ -374,6 +384,9 @@ def _start_call(
             raise ValueError("stop_strings needs the tokenizer: pass stop_tokenizer=tokenizer (or tokenizer= with assistant_model=).")
         criteria.append(StopStringCriteria(stop_tokenizer, stop_strings))
     processing = Processing(logits_processor, bool(gen.do_sample), n_rows)
+    if tree_size is not None:
+        check_tree_call(model, drafter, tree_size, bool(gen.do_sample), policy_options)
+        policy_options = dict(verify_policy=None, confidence_threshold=None, adaptive_verification=False)
     policy = choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, **policy_options)
     policy.reset()
     if streamer is not None and n_rows > 1:
@@ -383,7 +396,7 @@ def _start_call(
     return _Call(
         model=model, drafter=drafter, cache=cache, context=DraftContext(drafter), policy=policy, processing=processing,
         stats=DSparkStats(block_size=drafter.config.block_size), do_sample=bool(gen.do_sample), markov=markov,
-        budget=max_length - prompt_len, max_drafts=num_speculative_tokens, eos=eos, pad_id=pad_id, criteria=criteria,
+        budget=max_length - prompt_len, max_drafts=num_speculative_tokens, tree_size=tree_size, eos=eos, pad_id=pad_id, criteria=criteria,
         prompt_rows=list(input_ids), generated=[[] for _ in range(n_rows)], streamer=streamer,
         forward_kwargs={cache_key: cache, **model_kwargs},
         keeps_logits="logits_to_keep" in inspect.signature(model.forward).parameters,
@@ -393,13 +406,14 @@ def _start_call(
 def _target_forward(call: _Call, ids, mask, pos, last_only: bool = False) -> torch.Tensor:
     """One target forward over ids [R, T] at positions pos [R, T], appended to the cache -> logits [R, T, V] ([R, 1, V]
     with `last_only`); the taps of these tokens go to the drafter's context (projected when the drafter next runs).
-    `mask` [R, C + T], or None when every column is valid in every row: like generate(), which drops an all-ones
+    `mask` [R, C + T], a tree's 4D mask [R, 1, T, C + T] in the format of the target's attention (`tree_attention_mask`),
+    or None when every column is valid in every row: like generate(), which drops an all-ones
     attention mask (given, it cost ~0.5 ms of a 61 ms batch-1 decode forward, bf16, 2-core CPU:
     `scripts/decode_overhead.py 1 bfloat16`)."""
     taps = call.drafter.tap_hidden_state_ids
     out = call.model(
         input_ids=ids,
-        attention_mask=None if mask is None else mask.long(),
+        attention_mask=None if mask is None else mask if mask.dim() == 4 else mask.long(),
         position_ids=pos,
         use_cache=True,
         output_hidden_states=taps,
@@ -435,10 +449,10 @@ def _decode_step(call: _Call, rows: _Rows) -> None:
     depth, caps = _choose_depth(call, rows)
     draft, draft_seconds, catch_up = _draft(call, rows, depth, prefix)
     verified = _verify(call, rows, draft, depth, caps)
-    emitted, num_acc = _accept(call, draft, verified, prefix)
+    emitted, num_acc, order = _accept(call, draft, verified, prefix)
     accepted = num_acc.tolist() if verified.width > 1 else [0] * num_rows
     call.stats.record_step(depth, draft.conf_logits, verified.lengths, verified.width, num_acc, accepted)
-    _commit(call, rows, verified, emitted, num_acc, accepted)
+    _commit(call, rows, verified, emitted, num_acc, accepted, order)
     step_seconds = time.perf_counter() - step_start
     call.stats.step_seconds.append(step_seconds)
     t0 = time.perf_counter()
@@ -489,7 +503,10 @@ def _draft(call: _Call, rows: _Rows, depth: int, prefix) -> tuple[Draft, float, 
             _synchronize(device)
             catch_up = (n * pending, time.perf_counter() - t0)
         args = (rows.anchor, rows.anchor_pos, ctx_kv, rows.ctx_valid, call.processing, prefix, call.markov, depth)
-        draft = drafting.draft_block(call.drafter, *args)
+        if call.tree_size is not None:
+            draft = drafting.draft_tree(call.drafter, *args, size=call.tree_size)
+        else:
+            draft = drafting.draft_block(call.drafter, *args)
         _synchronize(device)  # the policy prices drafting with this wall time
         call.stats.drafted_steps += 1
     else:  # a plain target step: the policy judged that drafting does not pay
@@ -503,11 +520,14 @@ def _verify(call: _Call, rows: _Rows, draft: Draft, depth: int, caps: list[int])
     """How many drafts each row verifies (the policy's lengths, capped), then one target forward over the ragged
     batch. A plain step (no row verifies a draft) scores one position per row, without the ragged layout."""
     n, device = len(rows.ids), rows.anchor.device
+    caps_t = torch.tensor(caps, device=device)
+    if draft.tree is not None:
+        return _verify_tree(call, rows, draft, caps_t)
     t0 = time.perf_counter()
     width = 1
     if depth > 0:
         lengths = call.policy.lengths(draft.conf_logits, depth, num_requests=n).to(device)
-        lengths = torch.minimum(lengths, torch.tensor(caps, device=device))
+        lengths = torch.minimum(lengths, caps_t)
         call.stats.policy_time_s += time.perf_counter() - t0
         width = int(lengths.max()) + 1
     t0 = time.perf_counter()
@@ -522,12 +542,67 @@ def _verify(call: _Call, rows: _Rows, draft: Draft, depth: int, caps: list[int])
     logits = _target_forward(call, ids, None if rows.dense else mask, pos).float()  # [R, W, V]
     flat = flatten_ragged(logits, lengths)  # [T, V]
     call.stats.verify_time_s += time.perf_counter() - t0
-    return _Verified(lengths=lengths, width=width, valid=valid, mask=mask, logits=flat)
+    return _Verified(lengths=lengths, width=width, valid=valid, mask=mask, logits=flat, caps=caps_t)
 
 
-def _accept(call: _Call, draft: Draft, verified: _Verified, prefix) -> tuple[torch.Tensor, torch.Tensor]:
+def _verify_tree(call: _Call, rows: _Rows, draft: Draft, caps: torch.Tensor) -> _Verified:
+    """One target forward over [anchor, tree nodes] per row, each node attending to the context, the anchor and its
+    ancestors, at position anchor + its level + 1."""
+    t0 = time.perf_counter()
+    tree = draft.tree
+    n, size = tree.tokens.shape
+    ids = torch.cat([rows.anchor[:, None], tree.tokens], 1)  # [R, W]
+    pos = rows.anchor_pos[:, None] + torch.cat([tree.levels.new_zeros((n, 1)), tree.levels + 1], 1)  # [R, W]
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    mask4d = tree_attention_mask(call.model, rows.ctx_valid, ancestor_mask(tree.parents))  # [R, 1, W, C + W]
+    logits = _target_forward(call, ids, mask4d, pos).float()  # [R, W, V]
+    call.stats.verify_time_s += time.perf_counter() - t0
+    lengths = torch.full((n,), size, dtype=torch.long, device=ids.device)
+    mask = torch.cat([rows.ctx_valid, valid], dim=1)
+    return _Verified(lengths=lengths, width=size + 1, valid=valid, mask=mask, logits=logits.reshape(-1, logits.shape[-1]), caps=caps)
+
+
+TREE_ATTENTION = ("sdpa", "eager")  # attention implementations that take a 4D mask as is
+
+
+def tree_attention_mask(model: PreTrainedModel, ctx_valid: torch.Tensor, tree: torch.Tensor) -> torch.Tensor:
+    """ctx_valid [R, C] and a tree's ancestor mask [R, W, W] -> [R, 1, W, C + W]: bool for SDPA, additive (0 or the
+    dtype's minimum) for eager attention."""
+    width = tree.shape[1]
+    full = torch.cat([ctx_valid[:, None, :].expand(-1, width, -1), tree], dim=-1)[:, None]
+    if model.config._attn_implementation == "sdpa":
+        return full
+    dtype = model.dtype
+    return torch.zeros(full.shape, dtype=dtype, device=full.device).masked_fill_(~full, torch.finfo(dtype).min)
+
+
+def check_tree_call(model: PreTrainedModel, drafter: DSparkDrafter, size: int, do_sample: bool, policy_options: dict) -> None:
+    """A draft tree verifies greedy decoding, every drafting step the whole tree, through a 4D attention mask."""
+    check_draft_tree_size(size, drafter.config.block_size)
+    if do_sample:
+        raise ValueError(
+            "draft_tree_size verifies greedy decoding only (sampling with several drafts per position needs multi-draft "
+            "rejection sampling, which hf_dspark does not implement); set do_sample=False or drop draft_tree_size."
+        )
+    chosen = [k for k, v in policy_options.items() if v not in (None, False)]
+    if chosen:
+        raise ValueError(
+            f"draft_tree_size verifies the whole tree at every drafting step; it cannot be combined with {', '.join(chosen)}."
+        )
+    impl = model.config._attn_implementation
+    if impl not in TREE_ATTENTION:
+        raise ValueError(
+            f"draft_tree_size needs a tree attention mask, which attn_implementation={impl!r} cannot take; load the "
+            "target with attn_implementation='sdpa' (or 'eager'), or drop draft_tree_size."
+        )
+
+
+def _accept(call: _Call, draft: Draft, verified: _Verified, prefix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Greedy match or rejection sampling (SPEC section 3) on the flat ragged layout -> emitted [R, W] (row r: its
-    accepted drafts, then the recovered or bonus token, then -1) and num_acc [R], the accepted drafts a_r."""
+    accepted drafts, then the recovered or bonus token, then -1), num_acc [R], the accepted drafts a_r, and the
+    verify slots' new order (a tree's; None for a chain)."""
+    if draft.tree is not None:
+        return _accept_tree(call, draft, verified, prefix)
     t0 = time.perf_counter()
     width, valid, device = verified.width, verified.valid, verified.logits.device
     cu = build_cu_num_draft(verified.lengths)  # [R + 1] cumulative draft counts
@@ -546,13 +621,53 @@ def _accept(call: _Call, draft: Draft, verified: _Verified, prefix) -> tuple[tor
         scores = call.processing(verified.logits, flat_prefix)
         emitted, num_acc = rejection_sample(scores, draft_ids, None, cu, None, None, greedy=True)
     call.stats.verify_time_s += time.perf_counter() - t0
-    return emitted, num_acc
+    return emitted, num_acc, None
 
 
-def _commit(call: _Call, rows: _Rows, verified: _Verified, emitted, num_acc, accepted: list[int]) -> None:
+def _accept_tree(call: _Call, draft: Draft, verified: _Verified, prefix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy acceptance of the longest tree path the target agrees with -> emitted, num_acc and the verify slots'
+    new order (the accepted path first)."""
+    t0 = time.perf_counter()
+    tree = draft.tree
+    n, width = tree.tokens.shape[0], verified.width
+    flat_prefix = None
+    if call.processing.reads_prefix:
+        paths = _tree_paths(tree)
+        flat_prefix = lambda j: prefix(j // width, paths[j // width][j % width])
+    choice = call.processing(verified.logits, flat_prefix).argmax(-1).view(n, width)  # [R, W]
+    emitted, num_acc, order = accept_tree(tree, choice, verified.caps)
+    call.stats.verify_time_s += time.perf_counter() - t0
+    return emitted, num_acc, order
+
+
+def _tree_paths(tree) -> list[list[torch.Tensor]]:
+    """Per row, per verify slot: the drafts from the anchor to that slot's token, excluded (the slot's prefix)."""
+    out = []
+    for parents, tokens in zip(tree.parents.tolist(), tree.tokens):
+        paths = [tokens[:0]]  # the anchor's slot: no drafts before the token after it
+        for j, p in enumerate(parents):  # node j sits in slot j + 1; its parent's slot p comes first
+            paths.append(torch.cat([paths[p], tokens[j : j + 1]]))
+        out.append(paths)
+    return out
+
+
+def _reorder_tail(call: _Call, order: torch.Tensor) -> None:
+    """Reorder the last W cache columns of every row by order [R, W] (a tree's accepted path first), in the target's
+    cache and the drafter's context."""
+    width = order.shape[1]
+    for layer in call.cache.layers:
+        layer.keys[:, :, -width:] = gather_kv(layer.keys[:, :, -width:], order)
+        layer.values[:, :, -width:] = gather_kv(layer.values[:, :, -width:], order)
+    call.context.reorder_tail(order)
+
+
+def _commit(call: _Call, rows: _Rows, verified: _Verified, emitted, num_acc, accepted: list[int], order=None) -> None:
     """Commit each row's a_r + 1 tokens (cut at EOS / stop strings / max_new_tokens), roll the caches back to
-    [anchor + accepted drafts] (rejected drafts become masked holes), drop finished rows, crop / compact holes."""
+    [anchor + accepted drafts] (rejected drafts become masked holes; a tree's verify slots are first reordered by
+    `order` [R, W], its accepted path first), drop finished rows, crop / compact holes."""
     n, width = len(rows.ids), verified.width
+    if order is not None:
+        _reorder_tail(call, order)
     chunks = [e[: a + 1] for e, a in zip(emitted.tolist(), accepted)]
     active = _append_tokens(call, rows.ids, chunks)
     rows.ctx_valid = verified.mask

@@ -42,20 +42,28 @@ def ragged_batch(vocab: int, lengths=(5, 9, 3, 12), seed: int = 0, device: str |
 
 
 @contextmanager
-def _edited_drafts(edit: Callable[..., Draft]) -> Iterator[None]:
+def _edited_drafts(edit: Callable[..., Draft], name: str = "draft_block") -> Iterator[None]:
     """Run the real drafter pass, then replace its output by `edit(drafter, draft, prefix)`, until the block exits
-    (in both engines: our loop and `DSparkCandidateGenerator` call `drafting.draft_block`)."""
-    real = drafting.draft_block
+    (in both engines: our loop and `DSparkCandidateGenerator` call `drafting.draft_block`; trees: `draft_tree`)."""
+    real = getattr(drafting, name)
 
     def drafted(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, *args, **kwargs):
         out = real(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, processing, prefix, *args, **kwargs)
         return edit(drafter, out, prefix)
 
-    drafting.draft_block = drafted
+    setattr(drafting, name, drafted)
     try:
         yield
     finally:
-        drafting.draft_block = real
+        setattr(drafting, name, real)
+
+
+def _reference_continuation(reference: torch.Tensor, seq: torch.Tensor, length: int) -> torch.Tensor | None:
+    """The next `length` (or fewer) tokens of the reference row that `seq` starts, or None if none does."""
+    for ref in reference:
+        if ref.shape[0] > seq.shape[0] and torch.equal(ref[: seq.shape[0]], seq):
+            return ref[seq.shape[0] : seq.shape[0] + length]
+    return None
 
 
 def oracle_drafts(reference: torch.Tensor, seed: int = 0):
@@ -65,18 +73,45 @@ def oracle_drafts(reference: torch.Tensor, seed: int = 0):
     def edit(drafter, out: Draft, prefix) -> Draft:
         tokens = out.tokens.clone()
         for i in range(tokens.shape[0]):
-            seq = prefix(i, tokens.new_zeros(0))[1]
-            for ref in reference:
-                if ref.shape[0] > seq.shape[0] and torch.equal(ref[: seq.shape[0]], seq):
-                    cont = ref[seq.shape[0] : seq.shape[0] + tokens.shape[1]]
-                    tokens[i, : cont.shape[0]] = cont
-                    k = int(torch.randint(0, tokens.shape[1] + 3, (1,), generator=gen))
-                    if k < tokens.shape[1]:
-                        tokens[i, k] = (tokens[i, k] + 1) % drafter.config.vocab_size
-                    break
+            cont = _reference_continuation(reference, prefix(i, tokens.new_zeros(0))[1], tokens.shape[1])
+            if cont is not None:
+                tokens[i, : cont.shape[0]] = cont
+                k = int(torch.randint(0, tokens.shape[1] + 3, (1,), generator=gen))
+                if k < tokens.shape[1]:
+                    tokens[i, k] = (tokens[i, k] + 1) % drafter.config.vocab_size
         return Draft(tokens, out.q, out.conf_logits)
 
     return _edited_drafts(edit)
+
+
+def oracle_tree_drafts(reference: torch.Tensor, seed: int = 0):
+    """Like `oracle_drafts`, for draft trees: the path to a random node of each row's tree becomes the reference
+    continuation, with one token corrupted now and then; the accepted path is then any of the tree's."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def edit(drafter, out: Draft, prefix) -> Draft:
+        tree = out.tree
+        tokens = tree.tokens.clone()  # [n, N]
+        for i in range(tokens.shape[0]):
+            cont = _reference_continuation(reference, prefix(i, tokens.new_zeros(0))[1], drafter.config.block_size)
+            if cont is None:
+                continue
+            node = int(torch.randint(0, tokens.shape[1], (1,), generator=gen))
+            path = []
+            while node >= 0:  # node j sits in verify slot j + 1; slot 0 is the anchor
+                path.append(node)
+                node = int(tree.parents[i, node]) - 1
+            for j in path:
+                level = int(tree.levels[i, j])
+                if level < cont.shape[0]:
+                    tokens[i, j] = cont[level]
+            k = int(torch.randint(0, len(path) + 3, (1,), generator=gen))
+            if k < len(path):
+                tokens[i, path[k]] = (tokens[i, path[k]] + 1) % drafter.config.vocab_size
+        tree = type(tree)(tokens=tokens, parents=tree.parents, levels=tree.levels)
+        return Draft(tokens, None, None, tree=tree)
+
+    return _edited_drafts(edit, "draft_tree")
 
 
 def synthetic_drafts(reference: torch.Tensor, acceptance: float, seed: int = 0):

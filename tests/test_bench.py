@@ -12,7 +12,7 @@ from hf_dspark.cli import build_parser, main
 def test_contenders_and_batch_sizes_are_checked():
     assert bench.parse_contenders("dspark,plain") == ["plain", "dspark"]  # plain always runs first
     assert bench.parse_contenders("dspark") == ["plain", "dspark"]
-    with pytest.raises(ValueError, match="choose from plain, prompt_lookup, hf_dflash, dflash, dspark, dspark_adaptive, dspark_hf_loop"):
+    with pytest.raises(ValueError, match="choose from plain, prompt_lookup, hf_dflash, dflash, dspark, dspark_adaptive, dspark_tree, dspark_hf_loop"):
         bench.parse_contenders("dspark,medusa")
     assert bench.parse_batch_sizes("1,4,16") == [1, 4, 16]
     for bad in ("0", "1,-4", "one", ""):
@@ -46,7 +46,7 @@ def test_cli_reports_bad_input_clearly(capsys):
     assert main(["bench", "--synthetic-acceptance", "1.5"]) == 2
     assert "(0, 1)" in capsys.readouterr().err
     assert main(["bench", "--synthetic-acceptance", "0.8", "--contenders", "plain,hf_dflash"]) == 2
-    assert "our drafter's contenders" in capsys.readouterr().err
+    assert "our drafter's chain contenders" in capsys.readouterr().err
 
 
 def test_cli_help_lists_every_command():
@@ -167,3 +167,15 @@ def test_transformers_loop_contenders_match_plain(smollm2):
     assert native.supported and native.identical_to_plain and native.new_tokens == plain.new_tokens == 24
     assert hf_loop.supported and hf_loop.identical_to_plain and hf_loop.new_tokens == 24
     assert hf_loop.mean_accepted_length >= 1.0 and len(hf_loop.per_position_acceptance) == drafter.config.block_size
+
+
+def test_tree_contender_matches_plain_and_refuses_synthetic_drafts(smollm2):
+    """`dspark_tree` verifies a draft tree of --tree-size drafts: plain generate()'s tokens, its tau reported."""
+    from hf_dspark.modeling import DSparkDrafter
+
+    model, tok = smollm2
+    drafter = DSparkDrafter.from_pretrained(str(bench.default_drafter()), target=model)
+    b = bench.Bench(model, tok, drafter, max_new_tokens=12, tree_size=5)
+    _, tree = b.run("gsm8k", bench.load_prompts("gsm8k", 2), 2, ["plain", "dspark_tree"], repeats=1)
+    assert tree.supported and tree.identical_to_plain and tree.mean_accepted_length >= 1.0
+    assert main(["bench", "--contenders", "dspark_tree", "--synthetic-acceptance", "0.5"]) == 2

@@ -455,13 +455,13 @@ def _eval_tau(args) -> int:
     for name in args.sets.split(","):
         prompts = heldout_prompts(args.num_prompts) if name == "heldout" else eval_set(name, args.num_prompts)
         res = measure(drafter, model, tok, prompts, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                      markov=not args.no_markov)
+                      markov=not args.no_markov, draft_tree_size=args.draft_tree_size)
         results[name] = {k: res[k] for k in ("tau", "per_position_acceptance", "steps", "num_prompts")}
         print(f"[eval-tau] {name}: tau {res['tau']:.3f} over {res['steps']} steps; per position "
               + " ".join("-" if x is None else f"{x:.2f}" for x in res["per_position_acceptance"]))
     results["settings"] = {"drafter": args.drafter, "adapter": args.adapter, "dtype": args.dtype, "greedy": True,
                            "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
-                           "markov": not args.no_markov}
+                           "markov": not args.no_markov, "draft_tree_size": args.draft_tree_size}
     if args.out:
         write_json_atomic(args.out, results)
     print(json.dumps(results, indent=1))
@@ -502,6 +502,9 @@ def _add_eval_tau(sub) -> None:
     p.add_argument("--sets", default="gsm8k,humaneval,mtbench", help="comma list of gsm8k, humaneval, mtbench, heldout")
     p.add_argument("--num-prompts", type=int, default=10)
     p.add_argument("--no-markov", action="store_true", help="draft without the Markov head")
+    p.add_argument("--draft-tree-size", type=int, default=None, metavar="N",
+                   help="verify a tree of the drafter's N most likely drafts instead of its best chain (tau then "
+                        "counts the tree's accepted path)")
     p.add_argument("--out", default=None, help="write the results as JSON")
     p.set_defaults(func=_eval_tau)
 

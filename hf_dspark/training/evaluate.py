@@ -45,8 +45,10 @@ def measure(
     max_new_tokens: int = 128,
     batch_size: int = 1,
     markov: bool = True,
+    draft_tree_size: int | None = None,
 ) -> dict:
-    """Greedy DSpark decoding over `prompts`; returns tau, per-position acceptance and calibration samples."""
+    """Greedy DSpark decoding over `prompts` (a chain of drafts, or a tree of `draft_tree_size`); returns tau,
+    per-position acceptance and calibration samples (none for a tree)."""
     import hf_dspark
 
     accepted, verified_lens = [], []
@@ -61,6 +63,7 @@ def measure(
             do_sample=False,
             adaptive_verification=False,
             markov=markov,
+            draft_tree_size=draft_tree_size,
         )
         base = drafter if isinstance(drafter, DSparkDrafter) else drafter.base_model.model
         st = base.last_stats

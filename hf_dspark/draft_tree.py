@@ -1,0 +1,187 @@
+"""Draft trees: verify the drafter's most likely continuations, not only its single best chain (greedy decoding).
+
+A DSpark drafter's backbone drafts every slot of the block in one pass from `[anchor, MASK x (B-1)]`, so its hidden
+state h_k and logits U_k at slot k do not depend on the tokens drafted before k; only the Markov head's bias does
+(l_k = U_k + bias(x_{k-1})). Other continuations of the block therefore cost no backbone pass: a child of a node is
+one Markov bias away. The tree grows level by level, best first (as EAGLE-2): at level k the `top_k` most likely
+nodes of level k-1 (by the product of the draft probabilities along their path) each propose their `top_k` most
+likely next tokens; the `size` most likely nodes of all levels are verified in one target forward, each attending
+to the context, the anchor and its own ancestors (a tree attention mask). The longest path whose every token is the
+target's greedy choice is accepted (the first in best-first order among equally long ones), plus the target's own
+token after it, so the output is plain greedy decoding's, token for token.
+
+Sampling is not covered: keeping the output distribution exact with several candidates per position needs
+multi-draft rejection sampling, which this module does not implement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .modeling import DSparkDrafter
+from .processing import Processing
+
+TREE_TOP_K = 4  # nodes expanded per level, and children proposed per expanded node
+
+
+@dataclass
+class DraftTree:
+    tokens: torch.Tensor  # [R, N] drafted target ids, best first (a node's parent comes before it)
+    parents: torch.Tensor  # [R, N] verify slot of each node's parent: 0 = the anchor, j + 1 = node j
+    levels: torch.Tensor  # [R, N] the draft position of each node (0: the token after the anchor)
+
+
+def check_draft_tree_size(size: int | None, block_size: int) -> None:
+    """draft_tree_size must be None or a positive int; more nodes than `block_size * TREE_TOP_K` cannot be grown."""
+    if size is None:
+        return
+    most = block_size * TREE_TOP_K
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= most:
+        raise ValueError(
+            f"draft_tree_size={size!r} must be an int in [1, {most}] (block_size={block_size} levels of at most "
+            f"{TREE_TOP_K} expanded nodes x {TREE_TOP_K} children); None drafts a single chain."
+        )
+
+
+def grow_tree(
+    drafter: DSparkDrafter,
+    base: torch.Tensor,  # [R, L, D] parallel-drafter logits U_k of the first L draft positions
+    hidden: torch.Tensor,  # [R, L, H] their hidden states
+    anchor: torch.Tensor,  # [R] the last committed token
+    processing: Processing,
+    prefix: Callable[[int, torch.Tensor], tuple[int, torch.Tensor]] | None,  # (row, drafts [k]) -> input_ids prefix
+    markov: bool,
+    size: int,
+    state: torch.Tensor | None = None,  # [R, r] an rnn Markov head's state before the first draft (None: zeros)
+    top_k: int = TREE_TOP_K,
+) -> DraftTree:
+    """The `size` most likely nodes of a best-first tree over L levels (fewer when L * top_k^2 allows fewer)."""
+    n, depth, _ = base.shape
+    device = base.device
+    # the frontier: F nodes per row, each with its token, path score, node index and path of tokens
+    front_tok = anchor[:, None]  # [R, F]
+    front_score = torch.zeros((n, 1), device=device)  # [R, F] log-probability of the path
+    front_node = torch.full((n, 1), -1, dtype=torch.long, device=device)  # [R, F] (-1: the anchor)
+    front_path = anchor.new_zeros((n, 1, 0))  # [R, F, k] the drafts on the path to each frontier node
+    front_state = None if state is None else state[:, None]  # [R, F, r]
+    toks, scores, parents, levels = [], [], [], []  # per level [R, F * top_k]
+    draft_ids = drafter.draft_target_ids()  # [D] target id of each draft id (None: D = V)
+    count = 0
+    for k in range(depth):
+        f = front_tok.shape[1]
+        logits = base[:, k, None].expand(n, f, -1).reshape(n * f, -1).float()  # [R*F, D]
+        to_target = draft_ids  # without processors the tree grows in the draft vocabulary (the same log-softmax)
+        new_state = None
+        if markov:
+            h = hidden[:, k, None].expand(n, f, -1).reshape(n * f, -1)
+            st = None if front_state is None else front_state.reshape(n * f, -1)
+            latent, new_state = drafter.markov_latent(front_tok.reshape(-1), h, st)
+            if latent is not None:
+                logits = logits + drafter.markov_bias(latent).float()
+        if processing.processors:  # the target's processors score target ids [R*F, V], with each node's prefix
+            paths = front_path.reshape(n * f, k)
+            row_prefix = (lambda i: prefix(i // f, paths[i])) if prefix is not None else None
+            logits, to_target = processing(drafter.to_target_vocab(logits), row_prefix), None
+        top = torch.log_softmax(logits, dim=-1).topk(top_k, dim=-1)  # [R*F, top_k]
+        child_score = (front_score[:, :, None] + top.values.view(n, f, top_k)).reshape(n, f * top_k)
+        child_tok = (top.indices if to_target is None else to_target[top.indices]).view(n, f * top_k)
+        child_parent = front_node[:, :, None].expand(n, f, top_k).reshape(n, f * top_k)
+        toks.append(child_tok)
+        scores.append(child_score)
+        parents.append(child_parent)
+        levels.append(torch.full_like(child_tok, k))
+        # the next frontier: this level's top_k children by path score
+        keep = child_score.topk(min(top_k, f * top_k), dim=-1).indices  # [R, F']
+        front_tok = child_tok.gather(1, keep)
+        front_score = child_score.gather(1, keep)
+        front_node = count + keep
+        owner = keep // top_k  # the frontier node each kept child came from
+        front_path = torch.cat([front_path.gather(1, owner[:, :, None].expand(-1, -1, k)), front_tok[:, :, None]], 2)
+        if new_state is not None:
+            new_state = new_state.view(n, f, -1)
+            front_state = new_state.gather(1, owner[:, :, None].expand(-1, -1, new_state.shape[-1]))
+        count += f * top_k
+    return _best_nodes(torch.cat(toks, 1), torch.cat(scores, 1), torch.cat(parents, 1), torch.cat(levels, 1), size)
+
+
+def _best_nodes(tokens, scores, parents, levels, size: int) -> DraftTree:
+    """Keep each row's `size` best nodes (all [R, M]), best first; a parent scores at least its child and sorts
+    before it on ties (lower level first), so the kept set holds every kept node's ancestors."""
+    size = min(size, tokens.shape[1])
+    by_level = torch.sort(levels, dim=1, stable=True).indices
+    order = by_level.gather(1, torch.sort(scores.gather(1, by_level), dim=1, descending=True, stable=True).indices)
+    kept = order[:, :size]  # [R, N] node indices in the full list
+    # renumber parents: full-list index -> verify slot (0 = the anchor, j + 1 = kept node j)
+    slot_of = torch.zeros_like(tokens)  # [R, M]
+    slot_of.scatter_(1, kept, torch.arange(1, size + 1, device=tokens.device).expand_as(kept))
+    old_parent = parents.gather(1, kept)  # [R, N] (-1: the anchor)
+    new_parent = torch.where(old_parent < 0, 0, slot_of.gather(1, old_parent.clamp(min=0)))
+    return DraftTree(tokens=tokens.gather(1, kept), parents=new_parent, levels=levels.gather(1, kept))
+
+
+def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """parents [R, N] (verify slot of each node's parent) -> [R, N + 1, N + 1] bool: slot i attends slot j iff j is
+    i or one of its ancestors (slot 0, the anchor, is everyone's)."""
+    n, size = parents.shape
+    width = size + 1
+    eye = torch.eye(width, dtype=torch.bool, device=parents.device)
+    mask = eye.expand(n, width, width).clone()
+    rows = torch.arange(n, device=parents.device)
+    for i in range(1, width):  # parents come first, so their rows are complete
+        mask[:, i] |= mask[rows, parents[:, i - 1]]
+    return mask
+
+
+def accept_tree(
+    tree: DraftTree,
+    choice: torch.Tensor,  # [R, N + 1] the target's greedy token after each verify slot (anchor first)
+    caps: torch.Tensor,  # [R] the most drafts each row may accept
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy acceptance on a tree -> (emitted [R, N + 1]: the accepted path's drafts, then the target's token after
+    them, then -1; num_acc [R]; order [R, N + 1]: the verify slots with the anchor and the accepted path first, in
+    path order, then the others)."""
+    n, size = tree.tokens.shape
+    width = size + 1
+    device = choice.device
+    rows = torch.arange(n, device=device)
+    ok = torch.zeros((n, width), dtype=torch.bool, device=device)
+    ok[:, 0] = True
+    for i in range(1, width):
+        p = tree.parents[:, i - 1]
+        ok[:, i] = ok[rows, p] & (tree.tokens[:, i - 1] == choice[rows, p]) & (tree.levels[:, i - 1] < caps)
+    length = torch.cat([torch.zeros((n, 1), dtype=torch.long, device=device), tree.levels + 1], 1)  # [R, W]
+    # the deepest accepted slot, the earliest (most likely) among equally deep ones
+    key = torch.where(ok, length * width + (width - 1 - torch.arange(width, device=device)), -1)
+    best = key.argmax(dim=1)  # [R]
+    num_acc = length[rows, best]
+    max_acc = int(num_acc.max())
+    path = torch.zeros((n, max_acc + 1), dtype=torch.long, device=device)  # [R, A + 1] slots, anchor first
+    slot = best
+    for d in range(max_acc, 0, -1):  # walk up from the best slot; rows with shorter paths reach the anchor early
+        here = num_acc >= d
+        path[:, d] = torch.where(here, slot, 0)
+        parent = torch.where(slot > 0, tree.parents[rows, (slot - 1).clamp(min=0)], 0)
+        slot = torch.where(here, parent, slot)
+    # the verify slots reordered: the anchor and the accepted path in path order, then the others in slot order
+    order = torch.sort(_path_rank(path, num_acc, width), dim=1, stable=True).indices
+    all_ids = torch.cat([choice.new_zeros((n, 1)), tree.tokens], 1)  # [R, W] slot tokens (the anchor's unused)
+    emitted = torch.full((n, width), -1, dtype=torch.long, device=device)
+    drafts = all_ids.gather(1, order)[:, 1:]  # [R, N] in path order first
+    take = torch.arange(size, device=device)[None] < num_acc[:, None]
+    emitted[:, :size] = torch.where(take, drafts, -1)
+    emitted[rows, num_acc] = choice[rows, best]
+    return emitted, num_acc, order
+
+
+def _path_rank(path: torch.Tensor, num_acc: torch.Tensor, width: int) -> torch.Tensor:
+    """[R, W] sort keys: the slot at path depth d gets d (d <= num_acc), every other slot width + its index."""
+    n = path.shape[0]
+    device = path.device
+    rank = width + torch.arange(width, device=device).expand(n, -1).clone()
+    depth = torch.arange(path.shape[1], device=device).expand(n, -1)
+    on_path = depth <= num_acc[:, None]  # entries past a row's path point at the anchor: written as the anchor's 0
+    rank.scatter_(1, path, torch.where(on_path, depth, 0))
+    return rank

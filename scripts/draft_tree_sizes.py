@@ -1,0 +1,73 @@
+"""Which draft tree size pays on this machine: plain `generate()`, DSpark's chain and draft trees of several sizes on
+`make demo`'s three prompts, greedy, batch 1, after a warm-up timed in turn (medians), in one process.
+
+    OMP_NUM_THREADS=2 python scripts/draft_tree_sizes.py --sizes chain,7,10,16 --repeats 5
+
+Prints per prompt and overall the speedup against plain `generate()` and tau of each contender; a larger tree accepts
+more per step but every verify step scores more tokens, so the best size depends on how a forward's cost grows with
+its width on the device (`hf-dspark profile` shows that curve).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+import demo  # noqa: E402  (the demo's prompts and chat template)
+
+import hf_dspark  # noqa: E402
+from hf_dspark.bench import default_drafter  # noqa: E402
+from hf_dspark.targets import fast_dtype, load_target  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="chain,7,10,16", help="comma list: 'chain' (the full block) and tree sizes")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per contender and prompt, taken in turn")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    args = p.parse_args()
+    sizes = [None if s.strip() == "chain" else int(s) for s in args.sizes.split(",") if s.strip()]
+    dtype = fast_dtype() if args.dtype == "auto" else getattr(torch, args.dtype)
+    model, tok = load_target(demo.TARGET, dtype=dtype)
+    drafter = hf_dspark.DSparkDrafter.from_pretrained(default_drafter(), target=model)
+    label = lambda s: "chain" if s is None else f"tree {s}"  # noqa: E731
+    total = {"plain": 0.0, **{label(s): 0.0 for s in sizes}}
+    print(f"{torch.get_num_threads()} threads, {str(dtype).removeprefix('torch.')}, greedy, batch 1, "
+          f"{args.max_new_tokens} new tokens, medians of {args.repeats} runs")
+    for name, prompt in demo.PROMPTS.items():
+        enc = tok(demo.chat(tok, prompt), return_tensors="pt")
+        kw = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
+        runs = {"plain": lambda: model.generate(**enc, **kw)}
+        for s in sizes:
+            runs[label(s)] = lambda s=s: model.generate(**enc, **kw, assistant_model=drafter, adaptive_verification=False,
+                                                        draft_tree_size=s)
+        taus = {}
+        for key, run in runs.items():  # warm-up; tau is deterministic (greedy)
+            run()
+            if key != "plain":
+                taus[key] = drafter.last_stats.mean_accepted_length
+        seconds = {key: [] for key in runs}
+        for _ in range(args.repeats):
+            for key, run in runs.items():
+                t0 = time.perf_counter()
+                run()
+                seconds[key].append(time.perf_counter() - t0)
+        med = {key: statistics.median(v) for key, v in seconds.items()}
+        for key in med:
+            total[key] += med[key]
+        print(f"{name:5s} plain {med['plain']:.2f} s | " + " | ".join(
+            f"{key} {med['plain'] / med[key]:.2f}x (tau {taus[key]:.2f})" for key in taus))
+    print("overall " + " | ".join(f"{key} {total['plain'] / total[key]:.2f}x" for key in total if key != "plain"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

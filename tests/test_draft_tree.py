@@ -1,0 +1,189 @@
+"""Draft trees (`draft_tree_size`): the tree's invariants, greedy acceptance on hand-made trees, the cache reordering,
+exactness against plain greedy decoding (random, oracle and real drafters; ragged batches; SDPA and eager attention;
+logits processors) and the settings a tree cannot honour."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_tiny_drafter, make_tiny_target
+
+from hf_dspark.draft_context import DraftContext
+from hf_dspark.draft_tree import DraftTree, accept_tree, ancestor_mask, grow_tree
+from hf_dspark.processing import Processing
+from hf_dspark.testing import oracle_tree_drafts, ragged_batch
+
+# a hand-made tree over 2 levels, nodes best first: slot 1 (level 0, token 5) with children slot 3 (token 7) and
+# slot 4 (token 8); slot 2 (level 0, token 6) with child slot 5 (token 9)
+TREE = DraftTree(
+    tokens=torch.tensor([[5, 6, 7, 8, 9]]),
+    parents=torch.tensor([[0, 0, 1, 1, 2]]),
+    levels=torch.tensor([[0, 0, 1, 1, 1]]),
+)
+
+
+def test_ancestor_mask_lets_each_node_see_the_anchor_and_its_ancestors_only():
+    mask = ancestor_mask(TREE.parents)[0].int()
+    assert mask.tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0],
+        [1, 1, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0],
+        [1, 0, 1, 0, 0, 1],
+    ]
+
+
+@pytest.mark.parametrize(
+    "choice, cap, num_acc, emitted, path",
+    [
+        # the target picks 6 then 9: the second branch wins, its path moves first
+        ([6, 0, 9, 0, 0, 0], 7, 2, [6, 9, 11], [0, 2, 5]),
+        # the target picks 5 then 8: the first branch's second child
+        ([5, 8, 0, 0, 0, 0], 7, 2, [5, 8, 11], [0, 1, 4]),
+        # the target picks 5, then a token no child has: one draft and the target's own
+        ([5, 3, 0, 0, 0, 0], 7, 1, [5, 3], [0, 1]),
+        # nothing matches: the target's token after the anchor
+        ([4, 0, 0, 0, 0, 0], 7, 0, [4], [0]),
+        # a cap of one draft stops at level 0 although the path goes on
+        ([6, 0, 9, 0, 0, 0], 1, 1, [6, 9], [0, 2]),
+    ],
+)
+def test_accept_tree_takes_the_longest_agreeing_path(choice, cap, num_acc, emitted, path):
+    choice = torch.tensor([choice])
+    choice[0, 5] = 11  # the target's token after slot 5 (token 9) ...
+    choice[0, 4] = 11  # ... and after slot 4 (token 8)
+    out, acc, order = accept_tree(TREE, choice, torch.tensor([cap]))
+    assert int(acc[0]) == num_acc
+    assert out[0, : num_acc + 1].tolist() == emitted and (out[0, num_acc + 1 :] == -1).all()
+    assert order[0, : num_acc + 1].tolist() == path
+    assert sorted(order[0].tolist()) == list(range(6))  # a permutation of the verify slots
+
+
+def test_accept_tree_prefers_the_most_likely_of_equally_long_paths():
+    tree = DraftTree(tokens=torch.tensor([[5, 5]]), parents=torch.tensor([[0, 0]]), levels=torch.tensor([[0, 0]]))
+    out, acc, order = accept_tree(tree, torch.tensor([[5, 1, 2]]), torch.tensor([7]))
+    assert int(acc[0]) == 1 and order[0, :2].tolist() == [0, 1] and out[0, :2].tolist() == [5, 1]
+
+
+@pytest.mark.parametrize("markov", [True, False])
+def test_grown_tree_is_best_first_and_ancestor_closed(tiny_target, tiny_drafter, markov):
+    torch.manual_seed(0)
+    n, depth, size = 3, tiny_drafter.config.block_size, 12
+    base = torch.randn(n, depth, tiny_drafter.draft_vocab_size) * 3
+    hidden = torch.randn(n, depth, tiny_drafter.config.hidden_size)
+    anchor = torch.tensor([3, 4, 5])
+    tree = grow_tree(tiny_drafter, base, hidden, anchor, Processing(None, False, n), None, markov, size)
+    assert tree.tokens.shape == tree.parents.shape == tree.levels.shape == (n, size)
+    slots = torch.arange(1, size + 1)
+    assert (tree.parents < slots).all()  # every parent comes before its child
+    parent_level = torch.where(tree.parents > 0, tree.levels.gather(1, (tree.parents - 1).clamp(min=0)), -1)
+    assert torch.equal(tree.levels, parent_level + 1)
+    # the first node is the drafter's own first choice after the anchor
+    first = base[:, 0].clone()
+    if markov:
+        latent, _ = tiny_drafter.markov_latent(anchor, hidden[:, 0])
+        first = first + tiny_drafter.markov_bias(latent)
+    assert torch.equal(tree.tokens[:, 0], first.argmax(-1)) and (tree.levels[:, 0] == 0).all()
+    # no node appears twice (same parent, same token)
+    for r in range(n):
+        pairs = list(zip(tree.parents[r].tolist(), tree.tokens[r].tolist()))
+        assert len(set(pairs)) == size
+
+
+@pytest.mark.parametrize("project_first", [False, True])
+def test_reorder_tail_moves_columns_with_their_positions(tiny_drafter, project_first):
+    torch.manual_seed(0)
+    m, h = len(tiny_drafter.tap_hidden_state_ids), tiny_drafter.config.hidden_size
+    taps = torch.randn(2, 9, m * h)
+    positions = torch.arange(9).expand(2, -1).clone()
+    order = torch.tensor([[0, 3, 1, 2], [0, 1, 2, 3]])
+    ctx = DraftContext(tiny_drafter)
+    ctx.append(taps, positions)
+    if project_first:
+        ctx.kv()
+    ctx.reorder_tail(order)
+    keep = torch.cat([torch.arange(5).expand(2, -1), 5 + order], 1)
+    expected = DraftContext(tiny_drafter)
+    expected.append(taps.gather(1, keep[:, :, None].expand(-1, -1, m * h)), positions.gather(1, keep))
+    for (k, v), (ek, ev) in zip(ctx.kv(), expected.kv()):
+        torch.testing.assert_close(k, ek)
+        torch.testing.assert_close(v, ev)
+
+
+@pytest.mark.parametrize("size", [1, 5, 16])
+def test_greedy_identical_with_trees_tiny_ragged_batch(tiny_target, tiny_drafter, size):
+    enc = ragged_batch(256)
+    ref = tiny_target.generate(**enc, max_new_tokens=40, do_sample=False, eos_token_id=None)
+    kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, draft_tree_size=size)
+    assert torch.equal(tiny_target.generate(**enc, **kw), ref)  # the random drafter's own trees
+    with oracle_tree_drafts(ref):
+        assert torch.equal(tiny_target.generate(**enc, **kw), ref)
+    if size > 1:
+        assert tiny_drafter.last_stats.mean_accepted_length > 1.5  # a random drafter accepts ~nothing
+
+
+def test_trees_exact_with_eager_attention_and_prefix_processors():
+    target = make_tiny_target(attn_implementation="eager")
+    drafter = make_tiny_drafter(target)
+    enc = ragged_batch(256, lengths=(6, 11))
+    kw = dict(max_new_tokens=24, do_sample=False, eos_token_id=None, repetition_penalty=1.3, no_repeat_ngram_size=3)
+    ref = target.generate(**enc, **kw)
+    with oracle_tree_drafts(ref, seed=1):
+        assert torch.equal(target.generate(**enc, **kw, assistant_model=drafter, draft_tree_size=9), ref)
+    assert drafter.last_stats.mean_accepted_length > 2.0
+
+
+def test_trees_stop_exactly_at_max_new_tokens(tiny_target, tiny_drafter):
+    enc = ragged_batch(256, lengths=(5, 9))
+    for max_new in (1, 2, 9):
+        ref = tiny_target.generate(**enc, max_new_tokens=max_new, do_sample=False, eos_token_id=None)
+        with oracle_tree_drafts(ref):
+            out = tiny_target.generate(**enc, max_new_tokens=max_new, do_sample=False, eos_token_id=None,
+                                       assistant_model=tiny_drafter, draft_tree_size=12)
+        assert torch.equal(out, ref), max_new
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(draft_tree_size=0), "draft_tree_size"),
+        (dict(draft_tree_size=1000), "draft_tree_size"),
+        (dict(draft_tree_size=True), "draft_tree_size"),
+        (dict(draft_tree_size=7, do_sample=True), "greedy"),
+        (dict(draft_tree_size=7, adaptive_verification=True), "adaptive_verification"),
+        (dict(draft_tree_size=7, confidence_threshold=0.5), "confidence_threshold"),
+        (dict(draft_tree_size=7, dspark_engine="transformers"), "our loop only"),
+    ],
+)
+def test_tree_settings_that_cannot_be_honoured_are_refused(tiny_target, tiny_drafter, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_target.generate(**ragged_batch(256, lengths=(4,)), max_new_tokens=3, assistant_model=tiny_drafter, **kwargs)
+
+
+def test_tree_needs_an_attention_that_takes_a_4d_mask(tiny_target, tiny_drafter, monkeypatch):
+    monkeypatch.setattr(type(tiny_target.config), "_attn_implementation", property(lambda self: "flash_attention_2"), raising=False)
+    with pytest.raises(ValueError, match="attn_implementation='flash_attention_2'"):
+        tiny_target.generate(**ragged_batch(256, lengths=(4,)), max_new_tokens=3, assistant_model=tiny_drafter, draft_tree_size=7)
+
+
+def test_real_smollm2_shipped_drafter_trees_are_exact_and_accept_more(smollm2):
+    """fp32, greedy: a tree of 7 drafts gives plain generate()'s tokens (batch 1 and a padded batch of 3) and
+    accepts more per step than the chain of 7 over these prompts."""
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.bench import default_drafter
+
+    model, tok = smollm2
+    drafter = DSparkDrafter.from_pretrained(default_drafter(), target=model)
+    prompts = ["What is 12 + 30? Think step by step.", "Write a Python function that reverses a list.", "Name three colors."]
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in prompts]
+    tau = {}
+    for batch in (texts[:1], texts):
+        enc = tok(batch, return_tensors="pt", padding=True)
+        ref = model.generate(**enc, max_new_tokens=32, do_sample=False)
+        for size in (None, 7):
+            out = model.generate(**enc, max_new_tokens=32, do_sample=False, assistant_model=drafter,
+                                 adaptive_verification=False, draft_tree_size=size)
+            assert torch.equal(out, ref), (len(batch), size)
+            tau[len(batch), size] = drafter.last_stats.mean_accepted_length
+    assert tau[3, 7] > tau[3, None]
