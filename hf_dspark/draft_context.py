@@ -104,7 +104,7 @@ class DraftContext:
                 positions.gather(1, keep),
             )
             return
-        self._kv = [(_reorder_last(k, order), _reorder_last(v, order)) for k, v in self.kv()]
+        self._kv = [(reorder_last(k, order), reorder_last(v, order)) for k, v in self.kv()]
 
     def gather(self, keep: torch.Tensor) -> None:
         """Reorder columns per request, keep [R, C'] column indices (cache compaction; projects what is pending,
@@ -122,7 +122,8 @@ class DraftContext:
         return parts, torch.cat([pos for _, pos in chunks], 1)
 
 
-def _reorder_last(kv: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """kv [R, Hk, C, D] with its last W columns reordered by order [R, W]."""
+def reorder_last(kv: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """kv [R, Hk, C, D] with its last W columns reordered by order [R, W] (the drafter's context and the target's
+    cache after a draft tree's step)."""
     width = order.shape[1]
     return torch.cat([kv[:, :, :-width], gather_kv(kv[:, :, -width:], order)], dim=2)

@@ -65,6 +65,7 @@ def grow_tree(
     front_tok = anchor[:, None]  # [R, F]
     front_score = torch.zeros((n, 1), device=device)  # [R, F] log-probability of the path
     front_node = torch.full((n, 1), -1, dtype=torch.long, device=device)  # [R, F] (-1: the anchor)
+    track_paths = bool(processing.processors)  # processors read each node's prefix; nothing else needs the paths
     front_path = anchor.new_zeros((n, 1, 0))  # [R, F, k] the drafts on the path to each frontier node
     front_state = None if state is None else state[:, None]  # [R, F, r]
     toks, scores, parents, levels = [], [], [], []  # per level [R, F * top_k]
@@ -81,7 +82,7 @@ def grow_tree(
             latent, new_state = drafter.markov_latent(front_tok.reshape(-1), h, st)
             if latent is not None:
                 logits = logits + drafter.markov_bias(latent).float()
-        if processing.processors:  # the target's processors score target ids [R*F, V], with each node's prefix
+        if track_paths:  # the target's processors score target ids [R*F, V], with each node's prefix
             paths = front_path.reshape(n * f, k)
             row_prefix = (lambda i: prefix(i // f, paths[i])) if prefix is not None else None
             logits, to_target = processing(drafter.to_target_vocab(logits), row_prefix), None
@@ -99,7 +100,8 @@ def grow_tree(
         front_score = child_score.gather(1, keep)
         front_node = count + keep
         owner = keep // top_k  # the frontier node each kept child came from
-        front_path = torch.cat([front_path.gather(1, owner[:, :, None].expand(-1, -1, k)), front_tok[:, :, None]], 2)
+        if track_paths:
+            front_path = torch.cat([front_path.gather(1, owner[:, :, None].expand(-1, -1, k)), front_tok[:, :, None]], 2)
         if new_state is not None:
             new_state = new_state.view(n, f, -1)
             front_state = new_state.gather(1, owner[:, :, None].expand(-1, -1, new_state.shape[-1]))

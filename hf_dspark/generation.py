@@ -52,7 +52,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
 from . import drafting
-from .draft_context import DraftContext
+from .draft_context import DraftContext, reorder_last
 from .draft_tree import accept_tree, ancestor_mask, check_draft_tree_size
 from .drafting import Draft
 from .kernels import build_cu_num_draft, build_verify_inputs, flatten_ragged, gather_kv, rejection_sample
@@ -299,7 +299,7 @@ class _Verified:
     valid: torch.Tensor  # [R, W] bool: the anchor and each row's verified drafts
     mask: torch.Tensor  # [R, C + W] bool: the columns each row attended to (the next ctx_valid, rejections masked)
     logits: torch.Tensor  # [T, V] fp32: the target's logits after the anchor and after each verified draft, row by row
-    caps: torch.Tensor  # [R] the most drafts each row may accept
+    caps: torch.Tensor | None = None  # [R] a tree's: the most drafts each row may accept (a chain's lengths obey them)
 
 
 @torch.no_grad()
@@ -384,10 +384,11 @@ def _start_call(
             raise ValueError("stop_strings needs the tokenizer: pass stop_tokenizer=tokenizer (or tokenizer= with assistant_model=).")
         criteria.append(StopStringCriteria(stop_tokenizer, stop_strings))
     processing = Processing(logits_processor, bool(gen.do_sample), n_rows)
-    if tree_size is not None:
+    if tree_size is not None:  # every drafting step verifies the whole tree
         check_tree_call(model, drafter, tree_size, bool(gen.do_sample), policy_options)
-        policy_options = dict(verify_policy=None, confidence_threshold=None, adaptive_verification=False)
-    policy = choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, **policy_options)
+        policy = FullBlock(num_speculative_tokens)
+    else:
+        policy = choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, **policy_options)
     policy.reset()
     if streamer is not None and n_rows > 1:
         raise ValueError("Streaming supports one prompt at a time (like transformers' streamers); pass a single prompt.")
@@ -520,14 +521,13 @@ def _verify(call: _Call, rows: _Rows, draft: Draft, depth: int, caps: list[int])
     """How many drafts each row verifies (the policy's lengths, capped), then one target forward over the ragged
     batch. A plain step (no row verifies a draft) scores one position per row, without the ragged layout."""
     n, device = len(rows.ids), rows.anchor.device
-    caps_t = torch.tensor(caps, device=device)
     if draft.tree is not None:
-        return _verify_tree(call, rows, draft, caps_t)
+        return _verify_tree(call, rows, draft, torch.tensor(caps, device=device))
     t0 = time.perf_counter()
     width = 1
     if depth > 0:
         lengths = call.policy.lengths(draft.conf_logits, depth, num_requests=n).to(device)
-        lengths = torch.minimum(lengths, caps_t)
+        lengths = torch.minimum(lengths, torch.tensor(caps, device=device))
         call.stats.policy_time_s += time.perf_counter() - t0
         width = int(lengths.max()) + 1
     t0 = time.perf_counter()
@@ -542,7 +542,7 @@ def _verify(call: _Call, rows: _Rows, draft: Draft, depth: int, caps: list[int])
     logits = _target_forward(call, ids, None if rows.dense else mask, pos).float()  # [R, W, V]
     flat = flatten_ragged(logits, lengths)  # [T, V]
     call.stats.verify_time_s += time.perf_counter() - t0
-    return _Verified(lengths=lengths, width=width, valid=valid, mask=mask, logits=flat, caps=caps_t)
+    return _Verified(lengths=lengths, width=width, valid=valid, mask=mask, logits=flat)
 
 
 def _verify_tree(call: _Call, rows: _Rows, draft: Draft, caps: torch.Tensor) -> _Verified:
@@ -654,10 +654,8 @@ def _tree_paths(tree) -> list[list[torch.Tensor]]:
 def _reorder_tail(call: _Call, order: torch.Tensor) -> None:
     """Reorder the last W cache columns of every row by order [R, W] (a tree's accepted path first), in the target's
     cache and the drafter's context."""
-    width = order.shape[1]
     for layer in call.cache.layers:
-        layer.keys[:, :, -width:] = gather_kv(layer.keys[:, :, -width:], order)
-        layer.values[:, :, -width:] = gather_kv(layer.values[:, :, -width:], order)
+        layer.keys, layer.values = reorder_last(layer.keys, order), reorder_last(layer.values, order)
     call.context.reorder_tail(order)
 
 
