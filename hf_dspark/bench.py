@@ -39,8 +39,12 @@ from tqdm.auto import tqdm
 
 from . import cpu_load
 
-CONTENDERS = ("plain", "prompt_lookup", "hf_dflash", "dflash", "dspark", "dspark_adaptive", "dspark_tree", "dspark_hf_loop")
-TREE_SIZE = 7  # the dspark_tree contender's draft_tree_size (--tree-size)
+CONTENDERS = (
+    "plain", "prompt_lookup", "hf_dflash", "dflash", "dspark", "dspark_adaptive", "dspark_tree", "dspark_tree_lookup",
+    "dspark_hf_loop",
+)
+TREE_SIZE = 7  # the dspark_tree contenders' draft_tree_size (--tree-size)
+LOOKUP_TOKENS = 7  # the dspark_tree_lookup contender's prompt_lookup_num_tokens (--lookup-tokens)
 PROMPT_SETS = ("gsm8k", "humaneval", "mtbench")
 BATCH_1_ONLY = {
     "prompt_lookup": "transformers' assisted decoding refuses batches ('assisted generate is only supported for batch_size = 1')",
@@ -127,7 +131,7 @@ class Bench:
     def __init__(
         self, model, tokenizer, drafter, dflash_drafter=None, max_new_tokens: int = 128, profile_kwargs=None,
         synthetic_acceptance: float | None = None, custom_runners: dict[str, Callable[[dict], Any]] | None = None,
-        tree_size: int = TREE_SIZE,
+        tree_size: int = TREE_SIZE, lookup_tokens: int = LOOKUP_TOKENS,
     ) -> None:
         """`custom_runners`: extra contenders by name, each a callable running one encoded batch (`run(enc)` ->
         sequences), timed and checked like the built-in ones (e.g. a scheduler variant in a diagnostic script)."""
@@ -140,6 +144,7 @@ class Bench:
         self.dflash_drafter = dflash_drafter
         self.max_new_tokens = max_new_tokens
         self.tree_size = tree_size
+        self.lookup_tokens = lookup_tokens
         eos = model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos])
         self._table = None
@@ -173,6 +178,9 @@ class Bench:
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, verify_policy=policy)
         if contender == "dspark_tree":
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, draft_tree_size=self.tree_size)
+        if contender == "dspark_tree_lookup":
+            return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, draft_tree_size=self.tree_size,
+                                          prompt_lookup_num_tokens=self.lookup_tokens)
         if contender == "dspark_hf_loop":
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, dspark_engine="transformers")
         raise ValueError(f"Unknown contender {contender!r}; choose from {', '.join(CONTENDERS + tuple(self.custom_runners))}.")
@@ -461,7 +469,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto = bf16 on CUDA or CPUs with avx512_bf16/AMX, else fp32 (emulated bf16 GEMMs make verification slow)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes over all batches; in each, every contender runs every batch (one untimed warm-up batch first)")
     p.add_argument("--tree-size", type=int, default=TREE_SIZE, metavar="N",
-                   help="the dspark_tree contender verifies a tree of the drafter's N most likely drafts (greedy)")
+                   help="the dspark_tree contenders verify a tree of the drafter's N most likely drafts")
+    p.add_argument("--lookup-tokens", type=int, default=LOOKUP_TOKENS, metavar="K",
+                   help="dspark_tree_lookup grafts a prompt-lookup branch of K tokens onto that tree")
     p.add_argument("--json", default=None, help="write the records (a JSON list) here")
     p.add_argument("--plots", default=None, help="write PNG plots into this folder")
     p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
@@ -488,10 +498,10 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.synthetic_acceptance is not None:
         if not 0 < args.synthetic_acceptance < 1:
             raise ValueError(f"--synthetic-acceptance must be in (0, 1), got {args.synthetic_acceptance}.")
-        if {"prompt_lookup", "hf_dflash", "dspark_tree"} & set(contenders):
+        if {"prompt_lookup", "hf_dflash", "dspark_tree", "dspark_tree_lookup"} & set(contenders):
             raise ValueError(
                 "--synthetic-acceptance applies to our drafter's chain contenders only (dflash, dspark, dspark_adaptive, "
-                "dspark_hf_loop); drop prompt_lookup, hf_dflash and dspark_tree from --contenders."
+                "dspark_hf_loop); drop prompt_lookup, hf_dflash, dspark_tree and dspark_tree_lookup from --contenders."
             )
     model, tok = load_target(args.target, dtype=args.dtype)
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=model)
@@ -504,7 +514,7 @@ def run_cli(args: argparse.Namespace) -> int:
         "warmup": 1,
     }
     bench = Bench(model, tok, drafter, twin, args.max_new_tokens, profile_kwargs, args.synthetic_acceptance,
-                  tree_size=args.tree_size)
+                  tree_size=args.tree_size, lookup_tokens=args.lookup_tokens)
     records: list[Record] = []
     for s, prompts in prompt_lists.items():
         for bs in sizes:

@@ -1,17 +1,21 @@
-"""Draft trees: verify the drafter's most likely continuations, not only its single best chain (greedy decoding).
+"""Draft trees: verify the drafter's most likely continuations, not only its single best chain.
 
 A DSpark drafter's backbone drafts every slot of the block in one pass from `[anchor, MASK x (B-1)]`, so its hidden
 state h_k and logits U_k at slot k do not depend on the tokens drafted before k; only the Markov head's bias does
 (l_k = U_k + bias(x_{k-1})). Other continuations of the block therefore cost no backbone pass: a child of a node is
 one Markov bias away. The tree grows level by level, best first (as EAGLE-2): at level k the `top_k` most likely
-nodes of level k-1 (by the product of the draft probabilities along their path) each propose their `top_k` most
-likely next tokens; the `size` most likely nodes of all levels are verified in one target forward, each attending
-to the context, the anchor and its own ancestors (a tree attention mask). The longest path whose every token is the
-target's greedy choice is accepted (the first in best-first order among equally long ones), plus the target's own
-token after it, so the output is plain greedy decoding's, token for token.
+nodes of level k-1 (by the product of the draft probabilities along their path, after the same logits processors
+as the target's) each propose their `top_k` most likely next tokens; the `size` most likely nodes of all levels are
+verified in one target forward, each attending to the context, the anchor and its own ancestors (a tree attention
+mask).
 
-Sampling is not covered: keeping the output distribution exact with several candidates per position needs
-multi-draft rejection sampling, which this module does not implement.
+Acceptance walks the tree from the anchor with the target's own token at each node: its greedy choice, or, when
+sampling, one draw from its processed distribution at that node. While that token is one of the node's children
+the walk moves to it; the first token that is not becomes the step's last (bonus) token. Every emitted token is
+therefore what plain decoding would emit after the same prefix -- the same tokens when greedy, the same distribution
+when sampling (the draws at nodes the walk never reaches are simply unused). The children are the drafter's top
+choices, not draws from it, so a node accepts with the target's probability of its children; that is the best any
+exact verifier can do for a fixed set of candidates.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ from .modeling import DSparkDrafter
 from .processing import Processing
 
 TREE_TOP_K = 4  # nodes expanded per level, and children proposed per expanded node
+NO_NODE = -1  # the token of a padding node (rows whose trees are narrower than the widest): never accepted
 
 
 @dataclass
 class DraftTree:
-    tokens: torch.Tensor  # [R, N] drafted target ids, best first (a node's parent comes before it)
+    tokens: torch.Tensor  # [R, N] drafted target ids, best first (a node's parent comes before it); NO_NODE: padding
     parents: torch.Tensor  # [R, N] verify slot of each node's parent: 0 = the anchor, j + 1 = node j
     levels: torch.Tensor  # [R, N] the draft position of each node (0: the token after the anchor)
 
@@ -65,7 +70,7 @@ def grow_tree(
     front_tok = anchor[:, None]  # [R, F]
     front_score = torch.zeros((n, 1), device=device)  # [R, F] log-probability of the path
     front_node = torch.full((n, 1), -1, dtype=torch.long, device=device)  # [R, F] (-1: the anchor)
-    track_paths = bool(processing.processors)  # processors read each node's prefix; nothing else needs the paths
+    track_paths = processing.reads_prefix  # such processors read each node's prefix; nothing else needs the paths
     front_path = anchor.new_zeros((n, 1, 0))  # [R, F, k] the drafts on the path to each frontier node
     front_state = None if state is None else state[:, None]  # [R, F, r]
     toks, scores, parents, levels = [], [], [], []  # per level [R, F * top_k]
@@ -74,7 +79,7 @@ def grow_tree(
     for k in range(depth):
         f = front_tok.shape[1]
         logits = base[:, k, None].expand(n, f, -1).reshape(n * f, -1).float()  # [R*F, D]
-        to_target = draft_ids  # without processors the tree grows in the draft vocabulary (the same log-softmax)
+        to_target = draft_ids  # without prefix-reading processors the tree grows in the draft vocabulary
         new_state = None
         if markov:
             h = hidden[:, k, None].expand(n, f, -1).reshape(n * f, -1)
@@ -86,6 +91,8 @@ def grow_tree(
             paths = front_path.reshape(n * f, k)
             row_prefix = (lambda i: prefix(i // f, paths[i])) if prefix is not None else None
             logits, to_target = processing(drafter.to_target_vocab(logits), row_prefix), None
+        else:  # warpers only read scores (temperature, top-k/p, ...): the draft vocabulary's are enough
+            logits = processing(logits)
         top = torch.log_softmax(logits, dim=-1).topk(top_k, dim=-1)  # [R*F, top_k]
         child_score = (front_score[:, :, None] + top.values.view(n, f, top_k)).reshape(n, f * top_k)
         child_tok = (top.indices if to_target is None else to_target[top.indices]).view(n, f * top_k)
@@ -122,6 +129,31 @@ def _best_nodes(tokens, scores, parents, levels, size: int) -> DraftTree:
     old_parent = parents.gather(1, kept)  # [R, N] (-1: the anchor)
     new_parent = torch.where(old_parent < 0, 0, slot_of.gather(1, old_parent.clamp(min=0)))
     return DraftTree(tokens=tokens.gather(1, kept), parents=new_parent, levels=levels.gather(1, kept))
+
+
+def graft_branch(tree: DraftTree, branches: list[torch.Tensor]) -> DraftTree:
+    """Merge one chain of proposed tokens per row (branches[r] [k_r], continuing from the anchor) into the tree: the
+    branch follows existing nodes while their tokens agree, then continues as new nodes; rows are padded to the widest
+    with NO_NODE nodes under the anchor."""
+    rows = []
+    for tokens, parents, levels, branch in zip(tree.tokens.tolist(), tree.parents.tolist(), tree.levels.tolist(), branches):
+        child = {(p, t): j + 1 for j, (p, t) in enumerate(zip(parents, tokens))}  # (parent slot, token) -> slot
+        slot = 0
+        for level, token in enumerate(branch.tolist()):
+            nxt = child.get((slot, token))
+            if nxt is None:  # a new node: the slot after the last one
+                tokens, parents, levels = tokens + [token], parents + [slot], levels + [level]
+                nxt = child[slot, token] = len(tokens)
+            slot = nxt
+        rows.append((tokens, parents, levels))
+    width = max(len(t) for t, _, _ in rows)
+    pad = lambda values, fill: [v + [fill] * (width - len(v)) for v in values]  # noqa: E731
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=tree.tokens.device)  # noqa: E731
+    return DraftTree(
+        tokens=as_tensor(pad([t for t, _, _ in rows], NO_NODE)),
+        parents=as_tensor(pad([p for _, p, _ in rows], 0)),
+        levels=as_tensor(pad([lv for _, _, lv in rows], 0)),
+    )
 
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:

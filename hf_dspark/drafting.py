@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from .draft_tree import DraftTree, grow_tree
+from .draft_tree import TREE_TOP_K, DraftTree, grow_tree
 from .kernels import markov_sample_block
 from .modeling import DSparkDrafter, KVCache
 from .processing import Processing
@@ -87,11 +87,12 @@ def draft_tree(
     markov: bool,
     depth: int,  # levels of the tree (draft positions 0..depth-1)
     size: int,  # nodes to verify
+    top_k: int = TREE_TOP_K,  # children per expanded node (1: the drafter's best chain, as a tree)
 ) -> Draft:
-    """One backbone pass, then a best-first tree of `size` drafts over the first `depth` positions (greedy only;
-    see `hf_dspark.draft_tree`)."""
+    """One backbone pass, then a best-first tree of `size` drafts over the first `depth` positions (see
+    `hf_dspark.draft_tree`)."""
     hidden, base, state = _backbone(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, markov, depth)
-    tree = grow_tree(drafter, base, hidden, anchor, processing, prefix, markov, size, state)
+    tree = grow_tree(drafter, base, hidden, anchor, processing, prefix, markov, size, state, top_k=top_k)
     return Draft(tokens=tree.tokens, q=None, conf_logits=None, tree=tree)
 
 

@@ -16,8 +16,8 @@ stopping), `_Rows` what changes (the running rows, their anchors and positions, 
       _draft          one drafter pass -> drafts, q, confidence logits (or a tree of drafts: `draft_tree_size`)
       _verify         how many drafts each row verifies, then one target forward over [anchor, x_0..x_{l_r-1}]
                       (over [anchor, tree nodes] with a tree attention mask)
-      _accept         greedy match or rejection sampling (SPEC section 3) on the flat ragged layout (a tree: the
-                      longest path the target agrees with)
+      _accept         greedy match or rejection sampling (SPEC section 3) on the flat ragged layout (a tree: walked
+                      with the target's token at each node)
       _commit         commit a_r + 1 tokens (cut at EOS / stop strings / max_new_tokens), roll the caches back to
                       [anchor + accepted drafts] (a tree's accepted path first), drop finished rows, crop / compact
                       holes
@@ -53,12 +53,13 @@ from transformers.utils import logging
 
 from . import drafting
 from .draft_context import DraftContext, reorder_last
-from .draft_tree import accept_tree, ancestor_mask, check_draft_tree_size
+from .draft_tree import NO_NODE, accept_tree, ancestor_mask, check_draft_tree_size, graft_branch
 from .drafting import Draft
 from .kernels import build_cu_num_draft, build_verify_inputs, flatten_ragged, gather_kv, rejection_sample
 from .modeling import DSparkDrafter
 from .prepack import prepack_like
 from .processing import Processing
+from .prompt_lookup import PromptLookup
 from .scheduler import AdaptiveVerification, ConfidenceThreshold, FullBlock, VerifyPolicy, prior_survival
 from .step_costs import catch_up_columns
 from .step_table import load_or_profile
@@ -264,7 +265,8 @@ class _Call:
     markov: bool  # False: sample the block without the Markov head (DFlash)
     budget: int  # new tokens allowed per row
     max_drafts: int | None  # num_speculative_tokens
-    tree_size: int | None  # draft_tree_size: verify a tree of this many drafts (greedy), None: a chain
+    tree_size: int | None  # draft_tree_size: verify a tree of this many drafts, None: a chain
+    lookup: PromptLookup | None  # prompt_lookup_num_tokens: graft a prompt-lookup branch onto the tree
     eos: set[int]
     pad_id: int
     criteria: list  # stopping criteria other than EOS and the length (stop strings, the caller's)
@@ -273,10 +275,15 @@ class _Call:
     streamer: Any
     forward_kwargs: dict[str, Any]  # passed to every target forward: the cache and the caller's model kwargs
     keeps_logits: bool  # the target's forward takes logits_to_keep
+    prompt_starts: list[int] | None = None  # per row its first prompt position after the left padding (prompt lookup)
 
     @property
     def block_size(self) -> int:
         return self.drafter.config.block_size
+
+    @property
+    def verifies_tree(self) -> bool:
+        return self.tree_size is not None or self.lookup is not None
 
 
 @dataclass
@@ -332,9 +339,11 @@ def generate(
         confidence_threshold: verify drafts while the calibrated confidence stays >= this value.
         adaptive_verification: use the hardware-aware prefix scheduler (needs a step table; see step_table.py).
         verify_policy: any `hf_dspark.scheduler.VerifyPolicy` (overrides the three options above).
-        draft_tree_size: greedy decoding only: verify the drafter's `draft_tree_size` most likely drafts, grown as a
-            tree from the Markov head (`hf_dspark.draft_tree`), instead of its best chain; every drafting step
-            verifies the full tree (no scheduler). None: a chain.
+        draft_tree_size: verify the drafter's `draft_tree_size` most likely drafts, grown as a tree from the Markov
+            head (`hf_dspark.draft_tree`), instead of one chain; every drafting step verifies the full tree (no
+            scheduler). Greedy or sampled, the output stays plain decoding's. None: a chain.
+            The generation config's `prompt_lookup_num_tokens` (and `max_matching_ngram_size`) graft a prompt-lookup
+            branch onto the tree, or onto the drafter's best chain (`hf_dspark.prompt_lookup`).
         dspark_streamer: a transformers streamer (`streamer=` is consumed by generate() before it reaches here).
         stop_strings, stop_tokenizer: stop strings, cut at the exact stop point inside an accepted block
             (generate() does not hand its tokenizer to a custom_generate callable, hence our own names).
@@ -384,8 +393,9 @@ def _start_call(
             raise ValueError("stop_strings needs the tokenizer: pass stop_tokenizer=tokenizer (or tokenizer= with assistant_model=).")
         criteria.append(StopStringCriteria(stop_tokenizer, stop_strings))
     processing = Processing(logits_processor, bool(gen.do_sample), n_rows)
-    if tree_size is not None:  # every drafting step verifies the whole tree
-        check_tree_call(model, drafter, tree_size, bool(gen.do_sample), policy_options)
+    lookup = PromptLookup.from_generation_config(gen)
+    if tree_size is not None or lookup is not None:  # every drafting step verifies the whole tree
+        check_tree_call(model, drafter, tree_size, policy_options)
         policy = FullBlock(num_speculative_tokens)
     else:
         policy = choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, **policy_options)
@@ -397,7 +407,7 @@ def _start_call(
     return _Call(
         model=model, drafter=drafter, cache=cache, context=DraftContext(drafter), policy=policy, processing=processing,
         stats=DSparkStats(block_size=drafter.config.block_size), do_sample=bool(gen.do_sample), markov=markov,
-        budget=max_length - prompt_len, max_drafts=num_speculative_tokens, tree_size=tree_size, eos=eos, pad_id=pad_id, criteria=criteria,
+        budget=max_length - prompt_len, max_drafts=num_speculative_tokens, tree_size=tree_size, lookup=lookup, eos=eos, pad_id=pad_id, criteria=criteria,
         prompt_rows=list(input_ids), generated=[[] for _ in range(n_rows)], streamer=streamer,
         forward_kwargs={cache_key: cache, **model_kwargs},
         keeps_logits="logits_to_keep" in inspect.signature(model.forward).parameters,
@@ -437,6 +447,7 @@ def _prefill(call: _Call, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     first = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1) if call.do_sample else scores.argmax(-1)
     call.stats.verify_time_s += time.perf_counter() - t0
     anchor_pos = attn.long().sum(-1)  # the first generated token's position, per row
+    call.prompt_starts = (input_ids.shape[1] - anchor_pos).tolist()
     rows = _Rows(list(range(input_ids.shape[0])), anchor=first, anchor_pos=anchor_pos, ctx_valid=attn.clone(), dense=dense)
     active = _append_tokens(call, rows.ids, [[int(t)] for t in first])
     _drop_finished(call, rows, active)
@@ -448,7 +459,7 @@ def _decode_step(call: _Call, rows: _Rows) -> None:
     step_start, num_rows = time.perf_counter(), len(rows.ids)
     prefix = _prefix_reader(call, rows.ids)
     depth, caps = _choose_depth(call, rows)
-    draft, draft_seconds, catch_up = _draft(call, rows, depth, prefix)
+    draft, draft_seconds, catch_up = _draft(call, rows, depth, caps, prefix)
     verified = _verify(call, rows, draft, depth, caps)
     emitted, num_acc, order = _accept(call, draft, verified, prefix)
     accepted = num_acc.tolist() if verified.width > 1 else [0] * num_rows
@@ -490,7 +501,7 @@ def _choose_depth(call: _Call, rows: _Rows) -> tuple[int, list[int]]:
     return min(depth, max(caps)), caps
 
 
-def _draft(call: _Call, rows: _Rows, depth: int, prefix) -> tuple[Draft, float, tuple[int, float] | None]:
+def _draft(call: _Call, rows: _Rows, depth: int, caps: list[int], prefix) -> tuple[Draft, float, tuple[int, float] | None]:
     """One drafter pass, `depth` slots deep (none at depth 0) -> the drafts, the seconds they took, and the catch-up:
     (request-columns, seconds) of projecting the context columns that plain steps or the prefill left, when
     `catch_up_columns` says it counts apart."""
@@ -504,8 +515,8 @@ def _draft(call: _Call, rows: _Rows, depth: int, prefix) -> tuple[Draft, float, 
             _synchronize(device)
             catch_up = (n * pending, time.perf_counter() - t0)
         args = (rows.anchor, rows.anchor_pos, ctx_kv, rows.ctx_valid, call.processing, prefix, call.markov, depth)
-        if call.tree_size is not None:
-            draft = drafting.draft_tree(call.drafter, *args, size=call.tree_size)
+        if call.verifies_tree:
+            draft = _draft_tree(call, args, depth, caps, prefix)
         else:
             draft = drafting.draft_block(call.drafter, *args)
         _synchronize(device)  # the policy prices drafting with this wall time
@@ -515,6 +526,23 @@ def _draft(call: _Call, rows: _Rows, depth: int, prefix) -> tuple[Draft, float, 
     seconds = time.perf_counter() - t0
     call.stats.draft_time_s += seconds
     return draft, seconds, catch_up
+
+
+def _draft_tree(call: _Call, args: tuple, depth: int, caps: list[int], prefix) -> Draft:
+    """The drafter's tree of draft_tree_size nodes (its best chain without one), with the prompt-lookup branch of
+    each row grafted on when prompt_lookup_num_tokens is set."""
+    if call.tree_size is not None:
+        draft = drafting.draft_tree(call.drafter, *args, size=call.tree_size)
+    else:
+        draft = drafting.draft_tree(call.drafter, *args, size=depth, top_k=1)
+    if call.lookup is None:
+        return draft
+    branches = []
+    for i, cap in enumerate(caps):
+        row, seq = prefix(i, draft.tokens[i, :0])  # [P + G]: the prompt (padded) and the committed tokens
+        branches.append(call.lookup.propose(seq[call.prompt_starts[row] :], cap))
+    tree = graft_branch(draft.tree, branches)
+    return Draft(tokens=tree.tokens, q=None, conf_logits=None, tree=tree)
 
 
 def _verify(call: _Call, rows: _Rows, draft: Draft, depth: int, caps: list[int]) -> _Verified:
@@ -551,13 +579,13 @@ def _verify_tree(call: _Call, rows: _Rows, draft: Draft, caps: torch.Tensor) -> 
     t0 = time.perf_counter()
     tree = draft.tree
     n, size = tree.tokens.shape
-    ids = torch.cat([rows.anchor[:, None], tree.tokens], 1)  # [R, W]
+    ids = torch.cat([rows.anchor[:, None], tree.tokens.clamp(min=0)], 1)  # [R, W] (padding nodes read token 0)
     pos = rows.anchor_pos[:, None] + torch.cat([tree.levels.new_zeros((n, 1)), tree.levels + 1], 1)  # [R, W]
     valid = torch.ones_like(ids, dtype=torch.bool)
     mask4d = tree_attention_mask(call.model, rows.ctx_valid, ancestor_mask(tree.parents))  # [R, 1, W, C + W]
     logits = _target_forward(call, ids, mask4d, pos).float()  # [R, W, V]
     call.stats.verify_time_s += time.perf_counter() - t0
-    lengths = torch.full((n,), size, dtype=torch.long, device=ids.device)
+    lengths = (tree.tokens != NO_NODE).sum(1)  # [R] real nodes
     mask = torch.cat([rows.ctx_valid, valid], dim=1)
     return _Verified(lengths=lengths, width=size + 1, valid=valid, mask=mask, logits=logits.reshape(-1, logits.shape[-1]), caps=caps)
 
@@ -576,24 +604,22 @@ def tree_attention_mask(model: PreTrainedModel, ctx_valid: torch.Tensor, tree: t
     return torch.zeros(full.shape, dtype=dtype, device=full.device).masked_fill_(~full, torch.finfo(dtype).min)
 
 
-def check_tree_call(model: PreTrainedModel, drafter: DSparkDrafter, size: int, do_sample: bool, policy_options: dict) -> None:
-    """A draft tree verifies greedy decoding, every drafting step the whole tree, through a 4D attention mask."""
+def check_tree_call(model: PreTrainedModel, drafter: DSparkDrafter, size: int | None, policy_options: dict) -> None:
+    """A draft tree (draft_tree_size, or the chain with a prompt-lookup branch) is verified whole at every drafting
+    step, through a 4D attention mask."""
     check_draft_tree_size(size, drafter.config.block_size)
-    if do_sample:
-        raise ValueError(
-            "draft_tree_size verifies greedy decoding only (sampling with several drafts per position needs multi-draft "
-            "rejection sampling, which hf_dspark does not implement); set do_sample=False or drop draft_tree_size."
-        )
     chosen = [k for k, v in policy_options.items() if v not in (None, False)]
     if chosen:
         raise ValueError(
-            f"draft_tree_size verifies the whole tree at every drafting step; it cannot be combined with {', '.join(chosen)}."
+            f"draft_tree_size and prompt_lookup_num_tokens verify the whole tree at every drafting step; they cannot be "
+            f"combined with {', '.join(chosen)}."
         )
     impl = model.config._attn_implementation
     if impl not in TREE_ATTENTION:
         raise ValueError(
-            f"draft_tree_size needs a tree attention mask, which attn_implementation={impl!r} cannot take; load the "
-            "target with attn_implementation='sdpa' (or 'eager'), or drop draft_tree_size."
+            f"draft_tree_size and prompt_lookup_num_tokens need a tree attention mask, which "
+            f"attn_implementation={impl!r} cannot take; load the target with attn_implementation='sdpa' (or 'eager'), "
+            "or drop them."
         )
 
 
@@ -625,8 +651,8 @@ def _accept(call: _Call, draft: Draft, verified: _Verified, prefix) -> tuple[tor
 
 
 def _accept_tree(call: _Call, draft: Draft, verified: _Verified, prefix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Greedy acceptance of the longest tree path the target agrees with -> emitted, num_acc and the verify slots'
-    new order (the accepted path first)."""
+    """Walk the tree with the target's token at each node (its greedy choice, or one draw from its processed
+    distribution when sampling) -> emitted, num_acc and the verify slots' new order (the accepted path first)."""
     t0 = time.perf_counter()
     tree = draft.tree
     n, width = tree.tokens.shape[0], verified.width
@@ -634,7 +660,10 @@ def _accept_tree(call: _Call, draft: Draft, verified: _Verified, prefix) -> tupl
     if call.processing.reads_prefix:
         paths = _tree_paths(tree)
         flat_prefix = lambda j: prefix(j // width, paths[j // width][j % width])
-    choice = call.processing(verified.logits, flat_prefix).argmax(-1).view(n, width)  # [R, W]
+    if call.do_sample:
+        choice = torch.multinomial(call.processing.probs(verified.logits, flat_prefix), 1).view(n, width)  # [R, W]
+    else:
+        choice = call.processing(verified.logits, flat_prefix).argmax(-1).view(n, width)
     emitted, num_acc, order = accept_tree(tree, choice, verified.caps)
     call.stats.verify_time_s += time.perf_counter() - t0
     return emitted, num_acc, order
@@ -643,7 +672,7 @@ def _accept_tree(call: _Call, draft: Draft, verified: _Verified, prefix) -> tupl
 def _tree_paths(tree) -> list[list[torch.Tensor]]:
     """Per row, per verify slot: the drafts from the anchor to that slot's token, excluded (the slot's prefix)."""
     out = []
-    for parents, tokens in zip(tree.parents.tolist(), tree.tokens):
+    for parents, tokens in zip(tree.parents.tolist(), tree.tokens.clamp(min=0)):  # padding nodes read token 0
         paths = [tokens[:0]]  # the anchor's slot: no drafts before the token after it
         for j, p in enumerate(parents):  # node j sits in slot j + 1; its parent's slot p comes first
             paths.append(torch.cat([paths[p], tokens[j : j + 1]]))

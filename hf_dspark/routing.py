@@ -84,14 +84,16 @@ def _run_dspark_loop(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]
 def _run_transformers_loop(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -> Any:
     """transformers' own assisted loop; our `_get_candidate_generator` gives it a DSparkCandidateGenerator with the
     options this call names."""
-    if kwargs.get("verify_policy") is not None or kwargs.get("adaptive_verification") or kwargs.get("draft_tree_size") is not None:
+    gen = kwargs.get("generation_config") or model.generation_config
+    lookup = kwargs.get("prompt_lookup_num_tokens", getattr(gen, "prompt_lookup_num_tokens", None))
+    if kwargs.get("verify_policy") is not None or kwargs.get("adaptive_verification") or kwargs.get("draft_tree_size") is not None or lookup is not None:
         raise ValueError(
-            "verify_policy, adaptive_verification and draft_tree_size run in our loop only: drop "
-            "dspark_engine='transformers' (transformers' loop takes confidence_threshold, num_speculative_tokens and markov)."
+            "verify_policy, adaptive_verification, draft_tree_size and prompt_lookup_num_tokens run in our loop only: "
+            "drop dspark_engine='transformers' (transformers' loop takes confidence_threshold, num_speculative_tokens and "
+            "markov)."
         )
     for name in ("verify_policy", "adaptive_verification", "draft_tree_size"):
         kwargs.pop(name, None)
-    gen = kwargs.get("generation_config") or model.generation_config
     if (kwargs.get("num_beams") or gen.num_beams or 1) > 1:  # transformers would drop the assistant: beam search
         raise ValueError(BEAM_SEARCH_REFUSED)
     options = {k: kwargs.pop(k) for k in ("confidence_threshold", "num_speculative_tokens", "markov") if k in kwargs}

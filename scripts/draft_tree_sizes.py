@@ -1,7 +1,11 @@
-"""Which draft tree size pays on this machine: plain `generate()`, DSpark's chain and draft trees of several sizes on
-`make demo`'s three prompts, greedy, batch 1, after a warm-up timed in turn (medians), in one process.
+"""Which draft tree size pays on this machine: plain `generate()`, DSpark's chain and draft trees of several sizes,
+with or without a prompt-lookup branch, on `make demo`'s three prompts, greedy, batch 1, after a warm-up timed in
+turn (medians), in one process.
 
-    OMP_NUM_THREADS=2 python scripts/draft_tree_sizes.py --sizes chain,7,10,16 --repeats 5
+    OMP_NUM_THREADS=2 python scripts/draft_tree_sizes.py --sizes chain,7,10,7+7,7+10 --repeats 5
+
+A size is `chain` or a tree size N, optionally `+K`: graft a prompt-lookup branch of K tokens
+(`prompt_lookup_num_tokens=K`).
 
 Prints per prompt and overall the speedup against plain `generate()` and tau of each contender; a larger tree accepts
 more per step but every verify step scores more tokens, so the best size depends on how a forward's cost grows with
@@ -27,18 +31,25 @@ from hf_dspark.bench import default_drafter  # noqa: E402
 from hf_dspark.targets import fast_dtype, load_target  # noqa: E402
 
 
+def parse_size(text: str) -> tuple[int | None, int | None]:
+    """'chain' | 'N' | 'chain+K' | 'N+K' -> (draft_tree_size, prompt_lookup_num_tokens)."""
+    tree, _, lookup = text.strip().partition("+")
+    return (None if tree == "chain" else int(tree)), (int(lookup) if lookup else None)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="chain,7,10,16", help="comma list: 'chain' (the full block) and tree sizes")
+    p.add_argument("--sizes", default="chain,7,10,7+7", help="comma list: 'chain' (the full block) or tree sizes, each "
+                   "optionally +K (a prompt-lookup branch of K tokens)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per contender and prompt, taken in turn")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     args = p.parse_args()
-    sizes = [None if s.strip() == "chain" else int(s) for s in args.sizes.split(",") if s.strip()]
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     dtype = fast_dtype() if args.dtype == "auto" else getattr(torch, args.dtype)
     model, tok = load_target(demo.TARGET, dtype=dtype)
     drafter = hf_dspark.DSparkDrafter.from_pretrained(default_drafter(), target=model)
-    label = lambda s: "chain" if s is None else f"tree {s}"  # noqa: E731
+    label = lambda s: ("chain" if s[0] is None else f"tree {s[0]}") + (f" + lookup {s[1]}" if s[1] else "")  # noqa: E731
     total = {"plain": 0.0, **{label(s): 0.0 for s in sizes}}
     print(f"{torch.get_num_threads()} threads, {str(dtype).removeprefix('torch.')}, greedy, batch 1, "
           f"{args.max_new_tokens} new tokens, medians of {args.repeats} runs")
@@ -48,7 +59,7 @@ def main() -> int:
         runs = {"plain": lambda: model.generate(**enc, **kw)}
         for s in sizes:
             runs[label(s)] = lambda s=s: model.generate(**enc, **kw, assistant_model=drafter, adaptive_verification=False,
-                                                        draft_tree_size=s)
+                                                        draft_tree_size=s[0], prompt_lookup_num_tokens=s[1])
         taus = {}
         for key, run in runs.items():  # warm-up; tau is deterministic (greedy)
             run()

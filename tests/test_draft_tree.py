@@ -123,14 +123,15 @@ def test_greedy_identical_with_trees_tiny_ragged_batch(tiny_target, tiny_drafter
         assert tiny_drafter.last_stats.mean_accepted_length > 1.5  # a random drafter accepts ~nothing
 
 
-def test_trees_exact_with_eager_attention_and_prefix_processors():
+@pytest.mark.parametrize("tree", [dict(draft_tree_size=9), dict(draft_tree_size=9, prompt_lookup_num_tokens=6)])
+def test_trees_exact_with_eager_attention_and_prefix_processors(tree):
     target = make_tiny_target(attn_implementation="eager")
     drafter = make_tiny_drafter(target)
     enc = ragged_batch(256, lengths=(6, 11))
     kw = dict(max_new_tokens=24, do_sample=False, eos_token_id=None, repetition_penalty=1.3, no_repeat_ngram_size=3)
     ref = target.generate(**enc, **kw)
     with oracle_tree_drafts(ref, seed=1):
-        assert torch.equal(target.generate(**enc, **kw, assistant_model=drafter, draft_tree_size=9), ref)
+        assert torch.equal(target.generate(**enc, **kw, assistant_model=drafter, **tree), ref)
     assert drafter.last_stats.mean_accepted_length > 2.0
 
 
@@ -150,7 +151,6 @@ def test_trees_stop_exactly_at_max_new_tokens(tiny_target, tiny_drafter):
         (dict(draft_tree_size=0), "draft_tree_size"),
         (dict(draft_tree_size=1000), "draft_tree_size"),
         (dict(draft_tree_size=True), "draft_tree_size"),
-        (dict(draft_tree_size=7, do_sample=True), "greedy"),
         (dict(draft_tree_size=7, adaptive_verification=True), "adaptive_verification"),
         (dict(draft_tree_size=7, confidence_threshold=0.5), "confidence_threshold"),
         (dict(draft_tree_size=7, dspark_engine="transformers"), "our loop only"),

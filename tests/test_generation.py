@@ -346,7 +346,7 @@ def mid_depth_policy() -> AdaptiveVerification:
     return AdaptiveVerification(TABLE, costs=costs, static_batch=False, remeasure_margin=0)
 
 
-@pytest.mark.parametrize("policy", ["full", "threshold", "adaptive", "adaptive_skip", "adaptive_mid_depth"])
+@pytest.mark.parametrize("policy", ["full", "threshold", "adaptive", "adaptive_skip", "adaptive_mid_depth", "tree", "lookup"])
 def test_sampling_matches_target_distribution(small_vocab, policy):
     target, drafter, prompt, probs = small_vocab
     kw = {}
@@ -358,6 +358,10 @@ def test_sampling_matches_target_distribution(small_vocab, policy):
         kw["verify_policy"] = skipping_policy()
     elif policy == "adaptive_mid_depth":
         kw["verify_policy"] = mid_depth_policy()
+    elif policy == "tree":
+        kw["draft_tree_size"] = 9
+    elif policy == "lookup":  # the drafter's best chain, plus a prompt-lookup branch
+        kw["prompt_lookup_num_tokens"] = 3
     counts = sample_counts(target, prompt, assistant_model=drafter, **kw)
     assert _sampling.chi_square_pvalue(counts, probs) > 1e-3
     stats = drafter.last_stats
@@ -375,6 +379,23 @@ def test_sampling_test_catches_a_wrong_verifier(small_vocab, monkeypatch):
 
     monkeypatch.setattr(G, "rejection_sample", accept_everything)
     counts = sample_counts(target, prompt, assistant_model=drafter)
+    assert _sampling.chi_square_pvalue(counts, probs) < 1e-6
+
+
+def test_sampling_test_catches_a_wrong_tree_walk(small_vocab, monkeypatch):
+    """A walk that always follows each node's most likely child (whatever the target drew) is not plain sampling."""
+    target, drafter, prompt, probs = small_vocab
+    real = G.accept_tree
+
+    def follow_first_child(tree, choice, caps):
+        choice = choice.clone()
+        rows = torch.arange(choice.shape[0])
+        for j in reversed(range(tree.tokens.shape[1])):  # the first child written last wins
+            choice[rows, tree.parents[:, j]] = tree.tokens[:, j]
+        return real(tree, choice, caps)
+
+    monkeypatch.setattr(G, "accept_tree", follow_first_child)
+    counts = sample_counts(target, prompt, assistant_model=drafter, draft_tree_size=9)
     assert _sampling.chi_square_pvalue(counts, probs) < 1e-6
 
 

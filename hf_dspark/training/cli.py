@@ -455,13 +455,16 @@ def _eval_tau(args) -> int:
     for name in args.sets.split(","):
         prompts = heldout_prompts(args.num_prompts) if name == "heldout" else eval_set(name, args.num_prompts)
         res = measure(drafter, model, tok, prompts, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                      markov=not args.no_markov, draft_tree_size=args.draft_tree_size)
+                      markov=not args.no_markov, draft_tree_size=args.draft_tree_size, temperature=args.temperature,
+                      seed=args.seed, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens)
         results[name] = {k: res[k] for k in ("tau", "per_position_acceptance", "steps", "num_prompts")}
         print(f"[eval-tau] {name}: tau {res['tau']:.3f} over {res['steps']} steps; per position "
               + " ".join("-" if x is None else f"{x:.2f}" for x in res["per_position_acceptance"]))
-    results["settings"] = {"drafter": args.drafter, "adapter": args.adapter, "dtype": args.dtype, "greedy": True,
+    results["settings"] = {"drafter": args.drafter, "adapter": args.adapter, "dtype": args.dtype, "greedy": args.temperature == 0,
+                           "temperature": args.temperature, "seed": args.seed,
                            "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
-                           "markov": not args.no_markov, "draft_tree_size": args.draft_tree_size}
+                           "markov": not args.no_markov, "draft_tree_size": args.draft_tree_size,
+                           "prompt_lookup_num_tokens": args.prompt_lookup_num_tokens}
     if args.out:
         write_json_atomic(args.out, results)
     print(json.dumps(results, indent=1))
@@ -495,8 +498,9 @@ def _add_calibrate(sub) -> None:
 def _add_eval_tau(sub) -> None:
     p = sub.add_parser(
         "eval-tau",
-        help="measure tau (mean accepted length incl. bonus, greedy, full block) on eval sets",
-        description="Greedy DSpark decoding with full-block verification on the first N prompts of each set.",
+        help="measure tau (mean accepted length incl. bonus, full block) on eval sets",
+        description="DSpark decoding with full-block verification on the first N prompts of each set: greedy, or "
+        "sampled with --temperature.",
     )
     _add_eval_common(p)
     p.add_argument("--sets", default="gsm8k,humaneval,mtbench", help="comma list of gsm8k, humaneval, mtbench, heldout")
@@ -505,6 +509,11 @@ def _add_eval_tau(sub) -> None:
     p.add_argument("--draft-tree-size", type=int, default=None, metavar="N",
                    help="verify a tree of the drafter's N most likely drafts instead of its best chain (tau then "
                         "counts the tree's accepted path)")
+    p.add_argument("--prompt-lookup-num-tokens", type=int, default=None, metavar="K",
+                   help="graft a prompt-lookup branch of K tokens onto the drafts (transformers' prompt_lookup_num_tokens)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 (default): greedy; > 0: sample at this temperature (seeded by --seed; the target's "
+                        "generation config sets the rest, e.g. top_k)")
     p.add_argument("--out", default=None, help="write the results as JSON")
     p.set_defaults(func=_eval_tau)
 

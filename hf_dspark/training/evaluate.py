@@ -46,10 +46,20 @@ def measure(
     batch_size: int = 1,
     markov: bool = True,
     draft_tree_size: int | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    prompt_lookup_num_tokens: int | None = None,
 ) -> dict:
-    """Greedy DSpark decoding over `prompts` (a chain of drafts, or a tree of `draft_tree_size`); returns tau,
-    per-position acceptance and calibration samples (none for a tree)."""
+    """DSpark decoding over `prompts` (a chain of drafts, or a tree of `draft_tree_size`; with a prompt-lookup
+    branch of `prompt_lookup_num_tokens`), greedy, or sampled at
+    `temperature` > 0 (seeded, with the target's generation config otherwise); returns tau, per-position acceptance
+    and calibration samples (none for a tree)."""
     import hf_dspark
+
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}.")
+    sampling = dict(do_sample=True, temperature=temperature) if temperature > 0 else dict(do_sample=False)
+    torch.manual_seed(seed)
 
     accepted, verified_lens = [], []
     conf, num_acc, num_ver = [], [], []
@@ -60,10 +70,11 @@ def measure(
             custom_generate=hf_dspark.generate,
             drafter=drafter,
             max_new_tokens=max_new_tokens,
-            do_sample=False,
+            **sampling,
             adaptive_verification=False,
             markov=markov,
             draft_tree_size=draft_tree_size,
+            prompt_lookup_num_tokens=prompt_lookup_num_tokens,
         )
         base = drafter if isinstance(drafter, DSparkDrafter) else drafter.base_model.model
         st = base.last_stats
