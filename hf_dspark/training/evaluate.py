@@ -51,9 +51,8 @@ def measure(
     prompt_lookup_num_tokens: int | None = None,
 ) -> dict:
     """DSpark decoding over `prompts` (a chain of drafts, or a tree of `draft_tree_size`; with a prompt-lookup
-    branch of `prompt_lookup_num_tokens`), greedy, or sampled at
-    `temperature` > 0 (seeded, with the target's generation config otherwise); returns tau, per-position acceptance
-    and calibration samples (none for a tree)."""
+    branch of `prompt_lookup_num_tokens`), greedy, or sampled at `temperature` > 0 (seeded, with the target's
+    generation config otherwise); returns tau, per-position acceptance and calibration samples (none for a tree)."""
     import hf_dspark
 
     if temperature < 0:
