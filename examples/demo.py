@@ -8,7 +8,7 @@
    chain of 7 drafts (the full block) at every step; with the DSpark scheduler, which decides at every step how many
    of them to verify (0: a plain step) from this device's step-time table (on first use the demo profiles the table
    and caches it where `generate()` looks for it); and verifying a tree of the drafter's 7 most likely drafts
-   (`draft_tree_size=7`: the same verify width as the chain, more of it accepted).
+   (`draft_tree_size=7`, the default for one prompt: the same verify width as the chain, more of it accepted).
 Prints the texts, tau, the acceptance per draft position and the speedups; writes `outputs/demo_acceptance.png`.
 """
 
@@ -64,8 +64,9 @@ def main() -> int:
     packed = ", linear layers prepacked for small batches (hf_dspark.prepack_linears)" if is_prepacked(model) else ""
     print(f"\n2. Speed ({name(dtype)}{packed}, greedy, batch 1, {MAX_NEW_TOKENS} new tokens): DSpark verifying "
           f"{' / '.join(policies)} at every step, against plain generate() on the same model.")
-    print(f"   the tree: the drafter's {TREE_SIZE} most likely drafts (draft_tree_size={TREE_SIZE}), grown from its one "
-          "backbone pass through the Markov head, verified in one forward; tau counts its accepted path")
+    print(f"   the tree: the drafter's {TREE_SIZE} most likely drafts (draft_tree_size={TREE_SIZE}, what generate() verifies "
+          "for one prompt by default), grown from its one backbone pass through the Markov head, verified in one "
+          "forward; tau counts its accepted path")
     print("   acceptance per draft position k: P(draft k accepted | drafts before it accepted), over the steps that "
           "verified it; '-': no step verified a draft there\n")
     with OtherCpuUse() as load:

@@ -341,7 +341,8 @@ def generate(
         verify_policy: any `hf_dspark.scheduler.VerifyPolicy` (overrides the three options above).
         draft_tree_size: verify the drafter's `draft_tree_size` most likely drafts, grown as a tree from the Markov
             head (`hf_dspark.draft_tree`), instead of one chain; every drafting step verifies the full tree (no
-            scheduler). Greedy or sampled, the output stays plain decoding's. None: a chain.
+            scheduler). Greedy or sampled, the output stays plain decoding's. None: a tree of block_size drafts for
+            one prompt when none of the options above is given (`default_tree_size`), else a chain.
             The generation config's `prompt_lookup_num_tokens` (and `max_matching_ngram_size`) graft a prompt-lookup
             branch onto the tree, or onto the drafter's best chain (`hf_dspark.prompt_lookup`).
         dspark_streamer: a transformers streamer (`streamer=` is consumed by generate() before it reaches here).
@@ -394,11 +395,14 @@ def _start_call(
         criteria.append(StopStringCriteria(stop_tokenizer, stop_strings))
     processing = Processing(logits_processor, bool(gen.do_sample), n_rows)
     lookup = PromptLookup.from_generation_config(gen)
+    policy = None
+    if tree_size is None and lookup is None:
+        policy = choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, **policy_options)
+        explicit = num_speculative_tokens is not None or any(v is not None for v in policy_options.values())
+        tree_size = None if explicit or n_rows > 1 else default_tree_size(model, drafter, policy)
     if tree_size is not None or lookup is not None:  # every drafting step verifies the whole tree
         check_tree_call(model, drafter, tree_size, policy_options)
         policy = FullBlock(num_speculative_tokens)
-    else:
-        policy = choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, **policy_options)
     policy.reset()
     if streamer is not None and n_rows > 1:
         raise ValueError("Streaming supports one prompt at a time (like transformers' streamers); pass a single prompt.")
@@ -591,6 +595,24 @@ def _verify_tree(call: _Call, rows: _Rows, draft: Draft, caps: torch.Tensor) -> 
 
 
 TREE_ATTENTION = ("sdpa", "eager")  # attention implementations that take a 4D mask as is
+# the default tree is kept off where the step table prices a step over the full block's width above this many
+# plain steps: there verifying every node at every step costs more than the scheduler's shorter chains
+DEFAULT_TREE_MAX_STEP_COST = 2.0
+
+
+def default_tree_size(model: PreTrainedModel, drafter: DSparkDrafter, policy: VerifyPolicy) -> int | None:
+    """The tree a call of one prompt verifies when it names no verify option: block_size drafts, the full block's
+    verify width with more of it accepted (README, "Draft trees"); None (the chosen chain policy) where the target's
+    attention cannot take a tree mask, or where the step table says a step that wide costs more than
+    DEFAULT_TREE_MAX_STEP_COST plain steps."""
+    if model.config._attn_implementation not in TREE_ATTENTION:
+        return None
+    size = drafter.config.block_size
+    if isinstance(policy, AdaptiveVerification):
+        table = policy.costs.table.for_num_requests(1)
+        if table.steps_per_sec(1) > DEFAULT_TREE_MAX_STEP_COST * table.steps_per_sec(size + 1):
+            return None
+    return size
 
 
 def tree_attention_mask(model: PreTrainedModel, ctx_valid: torch.Tensor, tree: torch.Tensor) -> torch.Tensor:
@@ -680,12 +702,15 @@ def _tree_paths(tree) -> list[list[torch.Tensor]]:
     return out
 
 
-def _reorder_tail(call: _Call, order: torch.Tensor) -> None:
-    """Reorder the last W cache columns of every row by order [R, W] (a tree's accepted path first), in the target's
-    cache and the drafter's context."""
+def _reorder_tail(call: _Call, order: torch.Tensor, num_acc: torch.Tensor) -> None:
+    """Move each row's accepted path (the first num_acc + 1 slots of order [R, W]) to the front of the last W cache
+    columns, in the target's cache and the drafter's context; nothing moves when every path is already in front."""
+    width, path = order.shape[1], order[:, : int(num_acc.max()) + 1]  # [R, m]
+    if bool((path == torch.arange(path.shape[1], device=path.device)).all()):
+        return
     for layer in call.cache.layers:
-        layer.keys, layer.values = reorder_last(layer.keys, order), reorder_last(layer.values, order)
-    call.context.reorder_tail(order)
+        layer.keys, layer.values = reorder_last(layer.keys, path, width), reorder_last(layer.values, path, width)
+    call.context.reorder_tail(path, width)
 
 
 def _commit(call: _Call, rows: _Rows, verified: _Verified, emitted, num_acc, accepted: list[int], order=None) -> None:
@@ -694,7 +719,7 @@ def _commit(call: _Call, rows: _Rows, verified: _Verified, emitted, num_acc, acc
     `order` [R, W], its accepted path first), drop finished rows, crop / compact holes."""
     n, width = len(rows.ids), verified.width
     if order is not None:
-        _reorder_tail(call, order)
+        _reorder_tail(call, order, num_acc)
     chunks = [e[: a + 1] for e, a in zip(emitted.tolist(), accepted)]
     active = _append_tokens(call, rows.ids, chunks)
     rows.ctx_valid = verified.mask

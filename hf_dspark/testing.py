@@ -1,7 +1,7 @@
 """Test helpers shared by the test suite and the GPU check script.
 
 `oracle_drafts(reference)` makes the drafter propose the reference continuation with one corrupted token at a
-random position. Greedy output must not depend on what is drafted, so this exercises long accepted blocks, EOS and
+random position (in a chain, or along the path to a random node of a draft tree). Greedy output must not depend on what is drafted, so this exercises long accepted blocks, EOS and
 stop strings inside a block, per-row acceptance differences, cache holes and compaction -- without a trained drafter.
 
 `FixedStepCosts(seconds)` gives the scheduler step costs that do not learn from the (machine-dependent) timings,
@@ -66,8 +66,15 @@ def _reference_continuation(reference: torch.Tensor, seq: torch.Tensor, length: 
     return None
 
 
-def oracle_drafts(reference: torch.Tensor, seed: int = 0):
-    """reference [N, S]: full sequences (prompt + continuation) of plain greedy decoding."""
+@contextmanager
+def oracle_drafts(reference: torch.Tensor, seed: int = 0) -> Iterator[None]:
+    """reference [N, S]: full sequences (prompt + continuation) of plain greedy decoding. Chains and draft trees
+    (`draft_tree_size`, or the tree a call of one prompt verifies by default) alike."""
+    with _oracle_chain_drafts(reference, seed), oracle_tree_drafts(reference, seed):
+        yield
+
+
+def _oracle_chain_drafts(reference: torch.Tensor, seed: int):
     gen = torch.Generator().manual_seed(seed)
 
     def edit(drafter, out: Draft, prefix) -> Draft:

@@ -8,9 +8,13 @@ import pytest
 import torch
 from conftest import make_tiny_drafter, make_tiny_target
 
+from hf_dspark import drafting
 from hf_dspark.draft_context import DraftContext
 from hf_dspark.draft_tree import DraftTree, accept_tree, ancestor_mask, grow_tree
+from hf_dspark.generation import default_tree_size
 from hf_dspark.processing import Processing
+from hf_dspark.scheduler import AdaptiveVerification, FullBlock
+from hf_dspark.step_table import StepTimeTable
 from hf_dspark.testing import oracle_tree_drafts, ragged_batch
 
 # a hand-made tree over 2 levels, nodes best first: slot 1 (level 0, token 5) with children slot 3 (token 7) and
@@ -92,23 +96,25 @@ def test_grown_tree_is_best_first_and_ancestor_closed(tiny_target, tiny_drafter,
 
 
 @pytest.mark.parametrize("project_first", [False, True])
-def test_reorder_tail_moves_columns_with_their_positions(tiny_drafter, project_first):
+@pytest.mark.parametrize("path_len", [4, 2])
+def test_reorder_tail_moves_columns_with_their_positions(tiny_drafter, project_first, path_len):
     torch.manual_seed(0)
     m, h = len(tiny_drafter.tap_hidden_state_ids), tiny_drafter.config.hidden_size
     taps = torch.randn(2, 9, m * h)
     positions = torch.arange(9).expand(2, -1).clone()
-    order = torch.tensor([[0, 3, 1, 2], [0, 1, 2, 3]])
+    order = torch.tensor([[0, 3, 1, 2], [0, 2, 1, 3]])[:, :path_len]  # the accepted paths, into the last 4 columns
     ctx = DraftContext(tiny_drafter)
     ctx.append(taps, positions)
     if project_first:
         ctx.kv()
-    ctx.reorder_tail(order)
-    keep = torch.cat([torch.arange(5).expand(2, -1), 5 + order], 1)
+    ctx.reorder_tail(order, 4)
+    keep = torch.cat([torch.arange(5).expand(2, -1), 5 + order], 1)  # the columns that must be right: 5 + path_len
     expected = DraftContext(tiny_drafter)
     expected.append(taps.gather(1, keep[:, :, None].expand(-1, -1, m * h)), positions.gather(1, keep))
     for (k, v), (ek, ev) in zip(ctx.kv(), expected.kv()):
-        torch.testing.assert_close(k, ek)
-        torch.testing.assert_close(v, ev)
+        assert k.shape[2] == 9
+        torch.testing.assert_close(k[:, :, : 5 + path_len], ek)
+        torch.testing.assert_close(v[:, :, : 5 + path_len], ev)
 
 
 @pytest.mark.parametrize("size", [1, 5, 16])
@@ -165,6 +171,39 @@ def test_tree_needs_an_attention_that_takes_a_4d_mask(tiny_target, tiny_drafter,
     monkeypatch.setattr(type(tiny_target.config), "_attn_implementation", property(lambda self: "flash_attention_2"), raising=False)
     with pytest.raises(ValueError, match="attn_implementation='flash_attention_2'"):
         tiny_target.generate(**ragged_batch(256, lengths=(4,)), max_new_tokens=3, assistant_model=tiny_drafter, draft_tree_size=7)
+
+
+@pytest.mark.parametrize(
+    "lengths, kwargs, drafted_by",
+    [
+        ((6,), {}, "draft_tree"),  # one prompt, no verify option: a tree of block_size drafts
+        ((6, 4), {}, "draft_block"),  # a batch: the chain (the scheduler, or the full block)
+        ((6,), dict(adaptive_verification=False), "draft_block"),
+        ((6,), dict(num_speculative_tokens=3), "draft_block"),
+        ((6,), dict(confidence_threshold=0.1), "draft_block"),
+    ],
+)
+def test_one_prompt_without_a_verify_option_verifies_a_tree(tiny_target, tiny_drafter, monkeypatch, lengths, kwargs, drafted_by):
+    calls = []
+    for name in ("draft_block", "draft_tree"):
+        real = getattr(drafting, name)
+        monkeypatch.setattr(drafting, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    enc = ragged_batch(256, lengths=lengths)
+    kw = dict(max_new_tokens=12, do_sample=False, eos_token_id=None)
+    ref = tiny_target.generate(**enc, **kw)
+    assert torch.equal(tiny_target.generate(**enc, **kw, assistant_model=tiny_drafter, **kwargs), ref)
+    assert calls and set(calls) == {drafted_by}
+
+
+def test_default_tree_stays_off_where_a_wide_step_is_priced_high_or_the_attention_takes_no_tree(tiny_target, tiny_drafter, monkeypatch):
+    b = tiny_drafter.config.block_size
+    cheap = AdaptiveVerification(StepTimeTable([1, b + 1], [10.0, 8.0], max_batch_tokens=64))  # a wide step: 1.25 plain
+    dear = AdaptiveVerification(StepTimeTable([1, b + 1], [10.0, 4.0], max_batch_tokens=64))  # 2.5 plain steps
+    assert default_tree_size(tiny_target, tiny_drafter, cheap) == b
+    assert default_tree_size(tiny_target, tiny_drafter, dear) is None
+    assert default_tree_size(tiny_target, tiny_drafter, FullBlock(None)) == b  # no step table: the full block's width
+    monkeypatch.setattr(type(tiny_target.config), "_attn_implementation", property(lambda self: "flash_attention_2"), raising=False)
+    assert default_tree_size(tiny_target, tiny_drafter, FullBlock(None)) is None
 
 
 def test_real_smollm2_shipped_drafter_trees_are_exact_and_accept_more(smollm2):
