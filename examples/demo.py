@@ -60,7 +60,7 @@ def main() -> int:
     policies = {"the full block": dict(adaptive_verification=False)}
     if scheduler:
         policies["the DSpark scheduler"] = dict(adaptive_verification=True)
-    policies[f"a tree of {TREE_SIZE}"] = dict(adaptive_verification=False, draft_tree_size=TREE_SIZE)
+    policies[f"a tree of {TREE_SIZE} (the default)"] = dict(adaptive_verification=False, draft_tree_size=TREE_SIZE)
     packed = ", linear layers prepacked for small batches (hf_dspark.prepack_linears)" if is_prepacked(model) else ""
     print(f"\n2. Speed ({name(dtype)}{packed}, greedy, batch 1, {MAX_NEW_TOKENS} new tokens): DSpark verifying "
           f"{' / '.join(policies)} at every step, against plain generate() on the same model.")
