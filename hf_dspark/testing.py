@@ -1,8 +1,9 @@
 """Test helpers shared by the test suite and the GPU check script.
 
 `oracle_drafts(reference)` makes the drafter propose the reference continuation with one corrupted token at a
-random position (in a chain, or along the path to a random node of a draft tree). Greedy output must not depend on what is drafted, so this exercises long accepted blocks, EOS and
-stop strings inside a block, per-row acceptance differences, cache holes and compaction -- without a trained drafter.
+random position (in a chain, or along the path to a random node of a draft tree). Greedy output must not depend on
+what is drafted, so this exercises long accepted blocks, EOS and stop strings inside a block, per-row acceptance
+differences, cache holes and compaction -- without a trained drafter.
 
 `FixedStepCosts(seconds)` gives the scheduler step costs that do not learn from the (machine-dependent) timings,
 so a test can put it in a chosen regime: skipping the drafter, drafting a middle depth, ...
