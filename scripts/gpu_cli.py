@@ -10,6 +10,13 @@
       into model-0000k-of-0000n.safetensors shards of at most --max-shard-mib, plus model.safetensors.index.json
       (the layout hf_dspark.checkpoints.weight_files reads). Integer buffers (draft vocabulary maps) keep their
       dtype. Every tensor is read back and compared with the source cast before the command succeeds.
+  python scripts/gpu_cli.py merge-histories OUT.json RUN NAME...
+      RUN/train-NAME/history.json of each variant -> OUT.json ({name: history}; one variant: its history as is).
+  python scripts/gpu_cli.py merge-evals OUT.json RUN SETS NAME...
+      RUN/eval-NAME-SET.json -> OUT.json ({name: {set: result}, settings}); prints the trained variant (any NAME but
+      "baseline") with the highest tau summed over SETS, the one train_on_gpu.sh brings back.
+  python scripts/gpu_cli.py summary HISTORY.json SD_TOKENS
+      One line per variant: steps, epochs, training tokens, seconds, held-out teacher-forced tau.
   python scripts/gpu_cli.py digest FOLDER_OR_FILE
       A sha256 over the tensors (name, dtype, shape, bytes) of a safetensors file or folder, independent of the
       header's layout: the same digest here and on the GPU machine means the same target weights.
@@ -145,6 +152,49 @@ def export_shards(src: Path, dst: Path, max_shard_mib: float, dtype_name: str) -
     return 0
 
 
+# ------------------------------------------------------------------------------------------ variants' results
+def merge_histories(out: Path, run: Path, names: list[str]) -> int:
+    hist = {n: json.loads((run / f"train-{n}/history.json").read_text())
+            for n in names if (run / f"train-{n}/history.json").is_file()}
+    out.write_text(json.dumps(hist if len(names) > 1 else next(iter(hist.values()), []), indent=1) + "\n")
+    return 0
+
+
+def merge_evals(out: Path, run: Path, sets: list[str], names: list[str]) -> str:
+    merged: dict = {}
+    settings = None
+    for n in names:
+        for s in sets:
+            p = run / f"eval-{n}-{s}.json"
+            if p.is_file():
+                d = json.loads(p.read_text())
+                merged.setdefault(n, {})[s] = d[s]
+                settings = {k: v for k, v in d["settings"].items() if k != "drafter"}
+    if settings is not None:
+        merged["settings"] = {**settings, "sets": sets}
+        out.write_text(json.dumps(merged, indent=1) + "\n")
+    for n in names:
+        taus = ", ".join(f"{s} {merged[n][s]['tau']:.3f}" for s in sets if s in merged.get(n, {}))
+        print(f"[eval] {n} tau: {taus or 'no result (timed out or failed)'}", file=sys.stderr)
+
+    def summed(n: str) -> float:
+        return sum(merged.get(n, {}).get(s, {}).get("tau", 0.0) for s in sets)
+
+    trained = [n for n in names if n != "baseline"]
+    return max(trained, key=summed) if trained else ""
+
+
+def summary(history: Path, sd_tokens: str) -> int:
+    h = json.loads(history.read_text())
+    for name, hist in h.items() if isinstance(h, dict) else [("main", h)]:
+        if hist:
+            last = hist[-1]
+            print(f"[summary] {name}: steps {last['step']}, epochs {last['epoch']}, training tokens "
+                  f"{last['tokens_seen']}, train seconds {last['train_seconds']}, held-out tau_tf {last.get('eval_tau_tf')}")
+    print(f"[summary] self-distilled response tokens {sd_tokens}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
@@ -167,7 +217,14 @@ def main(argv: list[str]) -> int:
         p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
         a = p.parse_args(rest)
         return export_shards(a.src, a.dst, a.max_shard_mib, a.dtype)
-    raise SystemExit(f"unknown command {command!r}; use cli, export-shards or digest (see --help)")
+    if command == "merge-histories" and len(rest) >= 3:
+        return merge_histories(Path(rest[0]), Path(rest[1]), rest[2:])
+    if command == "merge-evals" and len(rest) >= 4:
+        print(merge_evals(Path(rest[0]), Path(rest[1]), rest[2].split(","), rest[3:]))
+        return 0
+    if command == "summary" and len(rest) == 2:
+        return summary(Path(rest[0]), rest[1])
+    raise SystemExit(f"unknown command or arguments {argv!r}; see --help")
 
 
 if __name__ == "__main__":

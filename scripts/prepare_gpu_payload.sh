@@ -20,6 +20,8 @@
 #   prompts.jsonl   ShareGPT first turns for self-distillation there ($NUM_PROMPTS, default 8192; decontaminated,
 #              the same seeded shuffle as `heldout_prompts`, whose last 256 prompts are left out)
 #   payload-info.json  sha256 of the GGUF, tensor digest of the converted target here, versions, git commit
+#   init/      only with INIT_DRAFTER=folder: that drafter (config.json + model.safetensors) to continue there with
+#              INIT=/tmp/dspark_payload/x/init (keeps a large drafter out of the working tree that every call carries)
 # The tar.xz is cached in .gpu/build/ (rebuilt when an input changes; ~2-3 min at nice 19). The parts are re-cut on
 # every run from the CURRENT working-tree size, so rerun this just before the calls if the tree changed.
 #
@@ -86,7 +88,8 @@ if [ ! -f "$DATA_AW/manifest.json" ]; then
 fi
 
 key="$( { echo "format $FORMAT prompts $NUM_PROMPTS domain-v1"; sha256sum "$REPO/scripts/make_domain_prompts.py"; stat -c '%n %s %Y' "$GGUF" "${WHEELS[@]}";
-          sha256sum "$DATA_AW"/manifest.json; stat -c '%s' "$DATA_AW"/*.safetensors; } | sha256sum | cut -c1-16)"
+          sha256sum "$DATA_AW"/manifest.json; stat -c '%s' "$DATA_AW"/*.safetensors;
+          [ -z "${INIT_DRAFTER:-}" ] || sha256sum "$INIT_DRAFTER"/config.json "$INIT_DRAFTER"/model.safetensors; } | sha256sum | cut -c1-16)"
 PAYLOAD="$BUILD/payload.tar.xz"
 if [ -f "$PAYLOAD" ] && [ "$(cat "$BUILD/key" 2>/dev/null)" = "$key" ]; then
     echo "payload up to date: $PAYLOAD ($(du -m "$PAYLOAD" | cut -f1) MB)"
@@ -118,6 +121,11 @@ else
     done
     cp -r "$DATA_AW" "$STAGE/data/data-aw"
     rm -f "$STAGE"/data/data-aw/taps-*.safetensors  # an optional feature cache never travels
+    if [ -n "${INIT_DRAFTER:-}" ]; then
+        [ -f "$INIT_DRAFTER/config.json" ] && [ -f "$INIT_DRAFTER/model.safetensors" ] \
+            || die "INIT_DRAFTER=$INIT_DRAFTER holds no config.json + model.safetensors"
+        mkdir -p "$STAGE/init" && cp "$INIT_DRAFTER/config.json" "$INIT_DRAFTER/model.safetensors" "$STAGE/init/"
+    fi
     # prompts.jsonl and payload-info.json
     HF_HUB_OFFLINE=1 nice -n 19 "$PY" - "$STAGE" "$NUM_PROMPTS" "$GGUF" "$REPO" <<'EOF'
 import hashlib, json, random, subprocess, sys

@@ -14,8 +14,8 @@
 #      whole job and fills $OUT. If a call reports missing parts, the machine went cold in between: start again at
 #      part 1 (the job itself never starts on an incomplete payload). Device time: ~1-2 min machine start + ~20 s
 #      for the part calls + TOTAL_MINUTES, inside the 15 minutes a session gets; give_back right after.
-#   3. here: the files under files_at -> e.g. outputs/gpu_drafter/; check with
-#        hf-dspark eval-tau --drafter outputs/gpu_drafter/drafter   (the drafter folder loads as returned)
+#   3. here: (cd files_at && cat drafter.tar.part-* | tar -x) gives drafter/; check it with
+#        hf-dspark eval-tau --drafter files_at/drafter
 #
 # WHAT THE JOB DOES (times from TOTAL_MINUTES=8.5, the default; each stage is cut by `timeout` at its share)
 #   payload  concatenate the parts, check the sha256, unpack to /tmp/dspark_payload/x; transformers 5.24 + gguf on
@@ -27,23 +27,27 @@
 #   data     data-aw (pre-tokenized ShareGPT conversations, as written) + self-distilled responses generated now:
 #            `make-data` greedy on prompts.jsonl, batch $GEN_BATCH, stopped after $GEN_SECONDS (shards are atomic:
 #            whatever was committed is used).
-#   probe    on CUDA without STEPS: a 40-step `train` to time a step (steps 10-40), so --max-steps fits the cosine
-#            schedule into the time left (the trainer's --time-budget-min stops a run but does not shorten its schedule).
-#   train    `train --draft-vocab-size 8192 --layers 2 --num-anchors 128 --batch-size $BATCH --dtype bfloat16`
-#            (fp32 master weights, bf16 autocast on CUDA) on data-aw + data-sd, --time-budget-min = what is left
-#            before the eval reserve.
-#   export   the drafter cast to bf16 in shards of <= 15.5 MiB + model.safetensors.index.json (the device returns
-#            files of <= 16 MiB), read back bit for bit.
-#   eval     `eval-tau` (greedy, bf16, full block, block 7) on gsm8k, humaneval, mtbench, $EVAL_PROMPTS prompts each,
-#            $EVAL_MAX_NEW new tokens, the three sets in parallel processes, on the returned bf16 drafter.
-# $OUT (<= 8 files): drafter/{config.json, model.safetensors.index.json, model-0000k-of-0000n.safetensors},
-# history.json (the trainer's learning curve), eval_tau.json (eval-tau's JSON, the three sets merged), run.log.
+#   train    VARIANTS side by side, one process each (default one: LR, INIT or a fresh drafter): `train
+#            --draft-vocab-size $DRAFT_VOCAB --num-anchors $NUM_ANCHORS --batch-size $BATCH --dtype bfloat16` (fp32 master
+#            weights, bf16 autocast on CUDA) on data-aw + data-sd for the time left before the eval reserve; without
+#            STEPS the warmup + cosine span that window (--schedule-minutes), whatever the step rate.
+#            VARIANTS="name:lr:init:flags ...": init = a drafter folder, @init (the payload's init/, see
+#            prepare_gpu_payload.sh's INIT_DRAFTER) or fresh (LAYERS layers); flags = dflash for the DFlash twin.
+#   export   each drafter cast to bf16 (one model.safetensors, read back bit for bit); the one that comes back is a
+#            tar cut into 15 MiB pieces (the device returns files of <= 16 MiB; a 16384-row lm_head alone is 18 MiB).
+#   eval     `eval-tau` (greedy, bf16, full block, block 7) of every variant (and BASELINE, a drafter folder or
+#            @init, if set) on gsm8k, humaneval, mtbench, $EVAL_PROMPTS prompts each, $EVAL_MAX_NEW new tokens, all
+#            in parallel processes, on the bf16 exports; the variant with the highest summed tau comes back.
+# $OUT (<= 8 files): drafter.tar.part-aa, -ab, ... (`cat drafter.tar.part-* | tar -x` gives drafter/),
+# history.json (the trainer's learning curve; {variant: curve} with several), eval_tau.json ({variant: {set: result}}
+# with several; the three sets merged), run.log.
 #
 # ENVIRONMENT (defaults in brackets): OUT [./gpu_out]  PYTHON [python3]  TOTAL_MINUTES [8.5]  GEN_SECONDS [90]
 #   GEN_PROMPTS [8192]  GEN_BATCH [256]  GEN_MAX_NEW [256]  BATCH [32]  LR [1e-3]  LAYERS [2]  DRAFT_VOCAB [8192]
-#   NUM_ANCHORS [128]  STEPS [probe on CUDA, else 100]  TRAIN_MINUTES [what the deadline leaves]  EVAL_PROMPTS [10]
+#   NUM_ANCHORS [128]  STEPS [the schedule spans the window]  TRAIN_MINUTES [what the deadline leaves]  EVAL_PROMPTS [10]
 #   EVAL_MAX_NEW [128]  EVAL_RESERVE_S [120]  EVAL_SETS [gsm8k,humaneval,mtbench]  INIT [none: a fresh drafter;
 #   a drafter folder, e.g. model_cards/dspark-smollm2-135m-instruct, continues one (its own architecture)]
+#   VARIANTS [main:$LR:$INIT:]  BASELINE [none]  EVAL_EVERY [400 with a spanned schedule]
 #   STASH [/tmp/dspark_payload]  PARTS_DIR [<repo>/.gpu]  HF_DSPARK_DEVICE [cuda if available, else cpu]
 #
 # CPU TEST (no GPU needed; tiny budget, low priority; PARTS_DIR simulates one carried part per call: see
@@ -212,88 +216,89 @@ read -r sd_seqs sd_tokens <<<"$sd"
 log "self-distilled: $sd_seqs sequences, $sd_tokens response tokens (make-data rc $rc; 124 = stopped at its time share)"
 [ "$sd_seqs" -gt 0 ] && DATA="$DATA,$RUN/data-sd:$SD_WEIGHT"  # the target's own answers weigh SD_WEIGHT times
 
-# ------------------------------------------------------------------ 5. train (probe, then the run)
-TRAIN_ARGS=(--data "$DATA" --target smollm2-135m-instruct --dtype bfloat16 --num-anchors "$NUM_ANCHORS"
-            --batch-size "$BATCH" --lr "$LR" --eval-sequences 8 --checkpoint-minutes 1000 --no-progress)
-# an --init drafter brings its own shape (train refuses --layers beside it); --draft-vocab-size remaps it
-if [ -n "$INIT" ]; then TRAIN_ARGS+=(--init "$INIT" --draft-vocab-size "$DRAFT_VOCAB")
-else TRAIN_ARGS+=(--draft-vocab-size "$DRAFT_VOCAB" --layers "$LAYERS"); fi
+# ------------------------------------------------------------------ 5. train (each variant in its own process)
+# VARIANTS: space-separated name:lr:init:flags; init = a drafter folder, @init (the payload's init/) or fresh;
+# flags = dflash (the DFlash twin) or empty. The variants train side by side on the GPU, same data, same window.
+[ -n "${VARIANTS:-}" ] || VARIANTS="main:$LR:${INIT:-fresh}:"
 startup=30
-if [ -z "${STEPS:-}" ]; then
-    if [ "$CUDA" = 1 ]; then
-        log "probe: 40 steps to time one (steps 10-40; the first ones warm CUDA up)"
-        p0=$(date +%s)
-        timeout --kill-after=10 150 "${CLI[@]}" train "${TRAIN_ARGS[@]}" --out "$RUN/probe" --max-steps 40 --eval-every 10 \
-            >>"$LOG" 2>&1 || die "the probe run failed (see run.log)"
-        read -r sps startup < <("$PY" -c 'import json, sys; h = json.load(open(sys.argv[1]))
-a = next(e for e in h if e["step"] >= 10); b = h[-1]
-print(max(0.005, round((b["train_seconds"] - a["train_seconds"]) / max(1, b["step"] - a["step"]), 4)),
-      max(10, int(float(sys.argv[2]) - b["train_seconds"])))' "$RUN/probe/history.json" $(($(date +%s) - p0)))
-        [ -n "$sps" ] || die "the probe wrote no usable history"
-        log "probe: ${sps}s per step of $BATCH sequences; ~${startup}s outside the steps (start, evals, save)"
-    else
-        STEPS=100
-    fi
-fi
 if [ -n "${TRAIN_MINUTES:-}" ]; then
     window=$(awk -v m="$TRAIN_MINUTES" 'BEGIN { printf "%d", m * 60 }')
 else
     window=$(( $(left) - EVAL_RESERVE_S - 20 - startup ))
 fi
 [ "$window" -ge 30 ] || die "only ${window}s left for training: raise TOTAL_MINUTES or lower GEN_SECONDS/EVAL_RESERVE_S"
-[ -n "${STEPS:-}" ] || STEPS=$(awk -v w="$window" -v s="$sps" 'BEGIN { printf "%d", w / s }')
-EVAL_EVERY=$(( STEPS / 8 > 25 ? STEPS / 8 : 25 ))
-log "train: --max-steps $STEPS --time-budget-min $(awk -v w="$window" 'BEGIN { printf "%.2f", w / 60 }') --batch-size $BATCH --lr $LR --layers $LAYERS"
-timeout --kill-after=15 $((window + startup + 90)) "${CLI[@]}" train "${TRAIN_ARGS[@]}" --out "$RUN/train" \
-    --max-steps "$STEPS" --eval-every "$EVAL_EVERY" --time-budget-min "$(awk -v w="$window" 'BEGIN { print w / 60 }')" \
-    >>"$LOG" 2>&1
-rc=$?
-[ -f "$RUN/train/drafter/model.safetensors" ] || die "training wrote no drafter (rc $rc; see run.log)"
-[ "$rc" -eq 0 ] || log "WARNING: train exited with rc $rc; using its last saved drafter"
-cp "$RUN/train/history.json" "$OUT/history.json"
-
-# ------------------------------------------------------------------ 6. export (bf16 shards) and eval-tau
-"$PY" "$REPO/scripts/gpu_cli.py" export-shards "$RUN/train/drafter" "$OUT/drafter" --max-shard-mib 15.5 2>&1 | tee -a "$LOG"
-[ "${PIPESTATUS[0]}" -eq 0 ] || die "export of the drafter failed"
-budget=$(( $(left) - 10 ))
-[ "$budget" -ge 30 ] || budget=30
-log "eval-tau on $EVAL_SETS ($EVAL_PROMPTS prompts, $EVAL_MAX_NEW new tokens, greedy bf16, full block), ${budget}s"
+# without STEPS the warmup + cosine span the training window (--schedule-minutes), whatever the step rate
+SCHEDULE=()
+if [ -z "${STEPS:-}" ]; then
+    STEPS=1000000
+    SCHEDULE=(--schedule-minutes "$(awk -v w="$window" 'BEGIN { print w / 60 }')")
+fi
+EVAL_EVERY="${EVAL_EVERY:-$(( STEPS / 8 > 25 ? STEPS / 8 : 25 ))}"
+[ "$EVAL_EVERY" -le 100000 ] || EVAL_EVERY=400
+names=()
 pids=()
-for set in ${EVAL_SETS//,/ }; do
-    timeout --kill-after=10 "$budget" "${CLI[@]}" eval-tau --drafter "$OUT/drafter" --sets "$set" --dtype bfloat16 \
-        --num-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_MAX_NEW" --out "$RUN/eval-$set.json" >"$RUN/eval-$set.log" 2>&1 &
+for spec in $VARIANTS; do
+    IFS=: read -r name lr init flags <<<"$spec"
+    [ "$init" = "@init" ] && init="$W/init"
+    args=(--data "$DATA" --target smollm2-135m-instruct --dtype bfloat16 --num-anchors "$NUM_ANCHORS"
+          --batch-size "$BATCH" --lr "$lr" --eval-sequences 8 --checkpoint-minutes 1000 --no-progress
+          --draft-vocab-size "$DRAFT_VOCAB" --max-steps "$STEPS" "${SCHEDULE[@]}" --eval-every "$EVAL_EVERY"
+          --time-budget-min "$(awk -v w="$window" 'BEGIN { print w / 60 }')" --out "$RUN/train-$name")
+    # an --init drafter brings its own shape (train refuses --layers beside it); --draft-vocab-size remaps it
+    if [ "$init" != fresh ]; then args+=(--init "$init"); else args+=(--layers "$LAYERS"); fi
+    [ "$flags" = dflash ] && args+=(--dflash)
+    log "train $name: lr $lr, init $init${flags:+, $flags}, ${window}s, ${SCHEDULE[*]:-max-steps $STEPS}, batch $BATCH"
+    timeout --kill-after=15 $((window + startup + 90)) "${CLI[@]}" train "${args[@]}" >"$RUN/train-$name.log" 2>&1 &
+    names+=("$name")
     pids+=($!)
 done
+for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    rc=$?
+    tail -n 3 "$RUN/train-${names[$i]}.log" | sed "s/^/  [${names[$i]}] /" >>"$LOG"
+    [ "$rc" -eq 0 ] || log "WARNING: train ${names[$i]} exited with rc $rc; using its last saved drafter"
+done
+"$PY" "$REPO/scripts/gpu_cli.py" merge-histories "$OUT/history.json" "$RUN" "${names[@]}" >>"$LOG" 2>&1
+
+# ------------------------------------------------------------------ 6. export (bf16 shards) and eval-tau
+evaluated=()
+for name in "${names[@]}"; do
+    [ -f "$RUN/train-$name/drafter/model.safetensors" ] || { log "$name wrote no drafter (see $RUN/train-$name.log)"; continue; }
+    if "$PY" "$REPO/scripts/gpu_cli.py" export-shards "$RUN/train-$name/drafter" "$RUN/export-$name" --max-shard-mib 4096 >>"$LOG" 2>&1
+    then evaluated+=("$name:$RUN/export-$name")
+    else log "export of $name failed"; fi
+done
+[ "${#evaluated[@]}" -gt 0 ] || die "no variant produced a drafter"
+# the device returns files of <= 16 MiB and a lm_head alone can be larger (16384 x 576 bf16 = 18 MiB), so the drafter
+# comes back as a tar cut into 15 MiB pieces: cat drafter.tar.part-* | tar -x  gives drafter/ (bf16 model.safetensors)
+pack() { rm -f "$OUT"/drafter.tar.part-*; tar -C "$RUN/export-$1" --transform 's,^\.,drafter,' -cf - . | split -b 15M - "$OUT/drafter.tar.part-"; }
+first="${evaluated[0]%%:*}"
+pack "$first" || die "cannot pack the $first drafter"  # in $OUT before the eval can overrun
+[ -z "${BASELINE:-}" ] || evaluated+=("baseline:${BASELINE/#@init/$W/init}")
+budget=$(( $(left) - 10 ))
+[ "$budget" -ge 30 ] || budget=30
+log "eval-tau of ${evaluated[*]%%:*} on $EVAL_SETS ($EVAL_PROMPTS prompts, $EVAL_MAX_NEW new tokens, greedy bf16, full block), ${budget}s"
+pids=()
+for entry in "${evaluated[@]}"; do
+    for set in ${EVAL_SETS//,/ }; do
+        timeout --kill-after=10 "$budget" "${CLI[@]}" eval-tau --drafter "${entry#*:}" --sets "$set" --dtype bfloat16 \
+            --num-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_MAX_NEW" --out "$RUN/eval-${entry%%:*}-$set.json" \
+            >"$RUN/eval-${entry%%:*}-$set.log" 2>&1 &
+        pids+=($!)
+    done
+done
 for pid in "${pids[@]}"; do wait "$pid"; done
-for set in ${EVAL_SETS//,/ }; do grep -E "^\[(eval-tau|gpu_cli)\]|Error|error" "$RUN/eval-$set.log" | tail -n 5 >>"$LOG"; done
-"$PY" - "$OUT/eval_tau.json" "$RUN" "$EVAL_SETS" <<'EOF' 2>&1 | tee -a "$LOG"
-import json, sys
-from pathlib import Path
-out, run, sets = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3].split(",")
-merged, settings = {}, None
-for s in sets:
-    p = run / f"eval-{s}.json"
-    if not p.is_file():
-        print(f"[eval] {s}: no result (timed out or failed; see run.log)")
-        continue
-    d = json.loads(p.read_text())
-    merged[s] = d[s]
-    settings = d["settings"]
-if settings is not None:
-    merged["settings"] = {**settings, "sets": [s for s in sets if s in merged]}
-    out.write_text(json.dumps(merged, indent=1) + "\n")
-print("[eval] tau: " + ", ".join(f"{s} {merged[s]['tau']:.3f}" for s in sets if s in merged))
-EOF
+for f in "$RUN"/eval-*.log; do
+    grep -E "^\[(eval-tau|gpu_cli)\]|Error|error" "$f" | tail -n 3 | sed "s|^|  [$(basename "$f" .log)] |" >>"$LOG"
+done
+# {variant: {set: result}, settings}; the trained variant with the highest summed tau comes back as drafter/
+best=$("$PY" "$REPO/scripts/gpu_cli.py" merge-evals "$OUT/eval_tau.json" "$RUN" "$EVAL_SETS" "${evaluated[@]%%:*}" 2>>"$LOG")
+[ -n "$best" ] || best="${names[0]}"
+log "returning $best as drafter/"
+[ "$best" = "$first" ] || pack "$best" || die "cannot pack the $best drafter"
 
 # ------------------------------------------------------------------ 7. summary
-"$PY" - "$OUT/history.json" "$sd_tokens" <<'EOF' 2>&1 | tee -a "$LOG"
-import json, sys
-h = json.load(open(sys.argv[1]))
-last = h[-1]
-print(f"[summary] steps {last['step']}, epochs {last['epoch']}, training tokens {last['tokens_seen']}, "
-      f"train seconds {last['train_seconds']}, held-out tau_tf {last.get('eval_tau_tf')}, "
-      f"self-distilled response tokens {sys.argv[2]}")
-EOF
+"$PY" "$REPO/scripts/gpu_cli.py" summary "$OUT/history.json" "$sd_tokens" 2>&1 | tee -a "$LOG"
 files=$(find "$OUT" -type f | wc -l)
 [ "$files" -le 8 ] || log "WARNING: $files files in \$OUT, the device returns 8: fewer/larger shards needed (LAYERS?)"
 log "done in $(($(date +%s) - T0))s; \$OUT: $(cd "$OUT" && find . -type f | sort | tr '\n' ' ')"
