@@ -3,8 +3,9 @@
 # it back (issue 22, item 5). Runs ON the device machine; the payload comes from scripts/prepare_gpu_payload.sh.
 #
 # HOW TO RUN (from a session whose task is lent a device; `status` says can_start_another: true)
-#   1. here:  scripts/prepare_gpu_payload.sh     -> .gpu/part1 .. .gpu/partN and the exact calls (N = 3 with a
-#      24 MiB working tree, 4 with the 36 MiB one a two-layer drafter in model_cards/ makes: every call carries it)
+#   1. here: move model_cards/dspark-smollm2-135m-instruct/model.safetensors out of the checkout (45 MB that every
+#      call would carry; `git checkout -- model_cards` restores it), then
+#        INIT_DRAFTER=<a copy of that folder> scripts/prepare_gpu_payload.sh  -> .gpu/part1..3 and the exact calls
 #   2. the `device` tool, back to back (the machine stays warm only 30 s after a call, and the parts wait in its
 #      /tmp/dspark_payload, which a fresh machine does not have):
 #        run(command="bash scripts/train_on_gpu.sh", carry=[".gpu/part1"], timeout_s=120)
@@ -77,7 +78,7 @@ NUM_ANCHORS="${NUM_ANCHORS:-128}"
 EVAL_PROMPTS="${EVAL_PROMPTS:-10}"
 EVAL_MAX_NEW="${EVAL_MAX_NEW:-128}"
 EVAL_RESERVE_S="${EVAL_RESERVE_S:-120}"
-EVAL_SETS="${EVAL_SETS:-gsm8k,humaneval,mtbench}"
+EVAL_SETS="${EVAL_SETS-gsm8k,humaneval,mtbench}"
 INIT="${INIT:-}"
 SD_WEIGHT="${SD_WEIGHT:-3}"
 DEADLINE=$((T0 + $(awk -v m="$TOTAL_MINUTES" 'BEGIN { printf "%d", m * 60 }')))
@@ -204,7 +205,7 @@ rm -rf "$RUN" && mkdir -p "$RUN"
 DATA="$W/data/data-aw"
 log "self-distillation: make-data on $GEN_PROMPTS prompts, batch $GEN_BATCH, at most ${GEN_SECONDS}s"
 timeout --kill-after=10 "$GEN_SECONDS" "${CLI[@]}" make-data --prompts "$W/prompts.jsonl" --out "$RUN/data-sd" \
-    --max-prompts "$GEN_PROMPTS" --batch-size "$GEN_BATCH" --prompts-per-shard $((GEN_BATCH * 2)) \
+    --max-prompts "$GEN_PROMPTS" --batch-size "$GEN_BATCH" --prompts-per-shard "$GEN_BATCH" \
     --max-new-tokens "$GEN_MAX_NEW" --dtype bfloat16 --no-decontaminate >>"$LOG" 2>&1  # decontaminated in prepare
 rc=$?
 [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] || die "make-data failed (rc $rc; see run.log)"
@@ -274,6 +275,11 @@ done
 pack() { rm -f "$OUT"/drafter.tar.part-*; tar -C "$RUN/export-$1" --transform 's,^\.,drafter,' -cf - . | split -b 15M - "$OUT/drafter.tar.part-"; }
 first="${evaluated[0]%%:*}"
 pack "$first" || die "cannot pack the $first drafter"  # in $OUT before the eval can overrun
+if [ -z "$EVAL_SETS" ]; then  # EVAL_SETS= : no eval, the first variant comes back
+    "$PY" "$REPO/scripts/gpu_cli.py" summary "$OUT/history.json" "$sd_tokens" 2>&1 | tee -a "$LOG"
+    log "done in $(($(date +%s) - T0))s without eval; \$OUT: $(cd "$OUT" && find . -type f | sort | tr '\n' ' ')"
+    exit 0
+fi
 [ -z "${BASELINE:-}" ] || evaluated+=("baseline:${BASELINE/#@init/$W/init}")
 budget=$(( $(left) - 10 ))
 [ "$budget" -ge 30 ] || budget=30

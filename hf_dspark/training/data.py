@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import importlib.util
+import inspect
 import json
 import random
 import re
@@ -289,8 +290,11 @@ def _decode_batch(model, prompts: list[list[int]], settings: GenerationSettings,
     out: list[list[int]] = [[] for _ in range(n)]
     step_ids, step_pos = ids, pos
     cache_arg = {cache_kwarg(model): cache}  # "cache" from transformers 5.24 ("past_key_values" is deprecated there)
+    # the prefill's logits over every prompt position ([R, T, V]: GBs at batch 256) are never needed
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     for _ in range(settings.max_new_tokens):
-        logits = model(input_ids=step_ids, attention_mask=att, position_ids=step_pos, use_cache=True, **cache_arg).logits[:, -1].float()
+        logits = model(input_ids=step_ids, attention_mask=att, position_ids=step_pos, use_cache=True, **last_only,
+                       **cache_arg).logits[:, -1].float()  # [R, V]
         if settings.do_sample:
             nxt = torch.multinomial(torch.softmax(warpers(None, logits), -1), 1).squeeze(1)
         else:

@@ -251,10 +251,11 @@ def remap_draft_vocab(drafter: DSparkDrafter, target: PreTrainedModel, draft_tok
     where[old_ids] = torch.arange(old_ids.numel())
     old_row = where[new_ids]  # [D'] the old draft id of each new one, -1 where new
     kept = old_row >= 0
-    new.lm_head.weight[kept] = drafter.lm_head.weight[old_row[kept]].float()
+    rows = old_row[kept].to(drafter.lm_head.weight.device)  # the trained drafter may sit on the GPU, `new` on the CPU
+    new.lm_head.weight[kept] = drafter.lm_head.weight[rows].float().cpu()
     if cfg.markov_rank:
         new.markov_head.markov_w2.weight.zero_()
-        new.markov_head.markov_w2.weight[kept] = drafter.markov_head.markov_w2.weight[old_row[kept]].float()
+        new.markov_head.markov_w2.weight[kept] = drafter.markov_head.markov_w2.weight[rows].float().cpu()
     return new.bind(target)
 
 
