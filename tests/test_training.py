@@ -742,7 +742,8 @@ def test_conversations_as_written_mask_exactly_the_assistant_turns(tiny, tmp_pat
         make_data_as_written(model, tok, read, tmp_path / "aw", max_tokens=20, log=lambda *_: None)
 
 
-def test_self_distillation_with_rows_leaving_matches_plain_generate(tiny):
+@pytest.mark.parametrize("engine", ["loop", "continuous"])
+def test_self_distillation_with_rows_leaving_matches_plain_generate(tiny, engine):
     from hf_dspark.training.data import generate_responses
 
     model, tok = tiny
@@ -752,13 +753,23 @@ def test_self_distillation_with_rows_leaving_matches_plain_generate(tiny):
     first = model.generate(torch.tensor([prompts[0]]), max_new_tokens=4, do_sample=False, pad_token_id=0)[0, -1].item()
     model = copy.deepcopy(model)
     model.generation_config.eos_token_id = first  # the first row ends after 4 tokens: it leaves the batch early
-    got = generate_responses(model, tok, prompts, settings)
+    got = generate_responses(model, tok, prompts, settings, engine)
     assert len(got[0][1]) <= 4
     for prompt, (p, resp) in zip(prompts, got):
         ref = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=12,
                              do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
         cut = next((i + 1 for i, t in enumerate(ref) if t == model.generation_config.eos_token_id), len(ref))
         assert p == prompt and resp == ref[:cut]
+
+
+def test_continuous_engine_refuses_sampling_by_name(tiny):
+    from hf_dspark.training.data import DataError, generate_responses
+
+    model, tok = tiny
+    with pytest.raises(DataError, match="--engine loop to sample"):
+        generate_responses(model, tok, [[1, 2, 3]], GenerationSettings(do_sample=True), "continuous")
+    with pytest.raises(DataError, match="unknown generation engine 'vllm'"):
+        generate_responses(model, tok, [[1, 2, 3]], GenerationSettings(), "vllm")
 
 
 def test_a_zlab_layout_drafter_is_refused_for_training(tiny, data_dir, tmp_path):

@@ -44,6 +44,8 @@ def _make_data(args) -> int:
                 raise SystemExit(f"{flag} picks prompts to self-distill; --as-written reads whole conversations and "
                                  "cannot honour it. Drop one of them.")
         return _make_data_as_written(args)
+    if args.engine == "continuous" and args.temperature > 0:
+        raise SystemExit("--engine continuous generates greedily; use --engine loop to sample (--temperature > 0).")
     prompts = read_prompts(args.prompts, fmt=args.format, field=args.field)
     if not args.no_decontaminate:
         prompts, dropped = decontaminate(prompts)
@@ -65,7 +67,8 @@ def _make_data(args) -> int:
         seed=args.seed,
         system_prompt=args.system_prompt,
     )
-    manifest = make_data(model, tok, prompts, args.out, settings, max_prompts=args.max_prompts, start_prompt=args.start_prompt)
+    manifest = make_data(model, tok, prompts, args.out, settings, max_prompts=args.max_prompts, start_prompt=args.start_prompt,
+                         engine=args.engine)
     print(f"[make-data] {args.out}: {len(manifest['shards'])} shards, next prompt {manifest['next_prompt']}")
     if args.cache_hidden:
         from ..configuration import default_target_layer_ids
@@ -127,6 +130,10 @@ def _add_make_data(sub) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=384, help="prompts longer than this are skipped")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--prompts-per-shard", type=int, default=64)
+    p.add_argument("--engine", default="loop", choices=["loop", "continuous"],
+                   help="loop (default): our batched loop, finished rows leave the batch; continuous: transformers' "
+                   "continuous batching (model.generate_batch: paged cache, waiting prompts take finished rows' places, "
+                   "CUDA graphs on a GPU; greedy only, sizes its own batches, so --batch-size does not apply)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (matches greedy evaluation)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)

@@ -245,18 +245,31 @@ def _chat_ids(tokenizer: PreTrainedTokenizerBase, prompt: str, system: str | Non
     return list(out)
 
 
+GENERATION_ENGINES = ("loop", "continuous")
+
+
 @torch.no_grad()
 def generate_responses(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[list[int]], settings: GenerationSettings
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: list[list[int]],
+    settings: GenerationSettings,
+    engine: str = "loop",
 ) -> list[tuple[list[int], list[int]]]:
     """Batched generation; returns (prompt ids, response ids without padding; EOS kept) per prompt.
 
-    Batches hold prompts of similar lengths (sorted), and a row that finishes (EOS or max_new_tokens) leaves its batch
-    at once, cache included, so no step is spent on finished rows (plain `generate()` keeps them until the longest
-    row ends)."""
+    engine "loop": batches hold prompts of similar lengths (sorted), and a row that finishes (EOS or max_new_tokens)
+    leaves its batch at once, cache included, so no step is spent on finished rows (plain `generate()` keeps them
+    until the longest row ends). engine "continuous": transformers' continuous batching (`model.generate_batch`:
+    paged KV cache, finished rows replaced by waiting prompts, CUDA graphs on a GPU; greedy only; it sizes its own
+    batches, so `settings.batch_size` does not apply)."""
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids), 0)
+    if engine == "continuous":
+        return list(zip(prompt_ids, _continuous_batch(model, prompt_ids, settings, eos_ids, pad)))
+    if engine != "loop":
+        raise DataError(f"unknown generation engine {engine!r}; use one of {', '.join(GENERATION_ENGINES)}.")
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))  # similar lengths per batch
     by_index: dict[int, tuple[list[int], list[int]]] = {}
     for start in range(0, len(order), settings.batch_size):
@@ -264,6 +277,22 @@ def generate_responses(
         for i, resp in zip(idx, _decode_batch(model, [prompt_ids[i] for i in idx], settings, eos_ids, pad)):
             by_index[i] = (prompt_ids[i], resp)
     return [by_index[i] for i in range(len(prompt_ids))]
+
+
+def _continuous_batch(model, prompts: list[list[int]], settings: GenerationSettings, eos_ids: set, pad: int) -> list[list[int]]:
+    """Greedy responses through transformers' continuous batching, in the order of `prompts` (EOS kept)."""
+    from transformers import GenerationConfig
+
+    if settings.do_sample:
+        raise DataError("--engine continuous generates greedily; use --engine loop to sample (--temperature > 0).")
+    config = GenerationConfig(max_new_tokens=settings.max_new_tokens, do_sample=False, eos_token_id=sorted(eos_ids),
+                              pad_token_id=pad)
+    results = list(model.generate_batch(prompts, generation_config=config).values())  # in input order
+    failed = [r.request_id for r in results if r.error is not None]
+    if len(results) != len(prompts) or failed:
+        raise DataError(f"continuous batching returned {len(results)} of {len(prompts)} responses (failed: {failed[:5]}); "
+                        "rerun with --engine loop.")
+    return [list(r.generated_tokens) for r in results]
 
 
 def _decode_batch(model, prompts: list[list[int]], settings: GenerationSettings, eos_ids: set, pad: int) -> list[list[int]]:
@@ -370,11 +399,13 @@ def make_data(
     max_prompts: int | None = None,
     start_prompt: int = 0,
     log=print,
+    engine: str = "loop",
 ) -> dict:
     """Generate (or resume generating) a self-distillation dataset into `out_dir`; returns the manifest.
 
     `start_prompt` starts a new directory at that position of the seeded order (the prompts before it are another
-    directory's); a directory keeps the start it was made with.
+    directory's); a directory keeps the start it was made with. `engine`: see `generate_responses` (greedy outputs
+    are the same either way, so one directory may mix them).
     """
     if not 0 <= start_prompt < len(prompts):
         raise DataError(f"--start-prompt {start_prompt} is outside the {len(prompts)} prompts; use 0 <= N < {len(prompts)}.")
@@ -429,7 +460,7 @@ def make_data(
             chunk.append(ids)
         shard_index = len(manifest["shards"])
         torch.manual_seed(settings.seed * 1_000_003 + shard_index)
-        sequences = generate_responses(model, tokenizer, chunk, settings) if chunk else []
+        sequences = generate_responses(model, tokenizer, chunk, settings, engine) if chunk else []
         name = f"shard-{shard_index:05d}.safetensors"
         num_tokens = _write_shard(out / name, sequences)
         manifest["shards"].append(
