@@ -4,6 +4,8 @@ logits processors) and the settings a tree cannot honour."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from conftest import make_tiny_drafter, make_tiny_target
@@ -193,6 +195,18 @@ def test_one_prompt_without_a_verify_option_verifies_a_tree(tiny_target, tiny_dr
     ref = tiny_target.generate(**enc, **kw)
     assert torch.equal(tiny_target.generate(**enc, **kw, assistant_model=tiny_drafter, **kwargs), ref)
     assert calls and set(calls) == {drafted_by}
+
+
+def test_the_full_block_fallback_is_logged_only_where_the_chain_runs(tiny_target, tiny_drafter, caplog):
+    """Without calibration the scheduler is off; one prompt then verifies the default tree (no "full block" line),
+    a batch verifies the full block and says why."""
+    assert tiny_drafter.calibration is None
+    kw = dict(max_new_tokens=4, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter)
+    with caplog.at_level(logging.INFO, logger="hf_dspark.generation"):
+        tiny_target.generate(**ragged_batch(256, lengths=(6,)), **kw)
+        assert "verifying the full block" not in caplog.text
+        tiny_target.generate(**ragged_batch(256, lengths=(6, 4)), **kw)
+        assert "no calibration.json; verifying the full block" in caplog.text
 
 
 def test_default_tree_stays_off_where_a_wide_step_is_priced_high_or_the_attention_takes_no_tree(tiny_target, tiny_drafter, monkeypatch):
