@@ -186,7 +186,17 @@ room=$((limit - base - margin - 65536))  # 64 KiB for parts.json and the folder
 total=$(stat -c %s "$PAYLOAD")
 [ "$room" -gt 4194304 ] || die "the working tree alone is $((base / 1048576)) MiB: under 4 MiB left per call of $LIMIT_MIB MiB"
 calls=$(( (total + room - 1) / room ))
-[ "$calls" -le "$MAX_CALLS" ] || die "the payload ($((total / 1048576)) MiB) needs $calls calls of $((room / 1048576)) MiB (tree $((base / 1048576)) MiB); over MAX_CALLS=$MAX_CALLS"
+if [ "$calls" -gt "$MAX_CALLS" ]; then
+    big=$( { git ls-files; git ls-files --others --exclude-standard; } | while read -r f; do [ -f "$f" ] && echo "$(stat -c %s "$f") $f"; done \
+           | sort -rn | head -n 3 | awk '{ printf "    %5.1f MiB  %s\n", $1 / 1048576, $2 }')
+    die "the payload ($((total / 1048576)) MiB) needs $calls calls of $((room / 1048576)) MiB, over MAX_CALLS=$MAX_CALLS: every call
+  carries the working tree ($((base / 1048576)) MiB). Its largest files:
+$big
+  Move a drafter's weights out of the checkout for the calls and into the payload, e.g.
+    mkdir -p /tmp/init && cp model_cards/dspark-smollm2-135m-instruct/{config.json,model.safetensors} /tmp/init/
+    rm model_cards/dspark-smollm2-135m-instruct/model.safetensors   # git checkout -- model_cards restores it
+    INIT_DRAFTER=/tmp/init scripts/prepare_gpu_payload.sh           # the job calls it @init"
+fi
 part=$(( (total + calls - 1) / calls ))
 
 # 5. cut the parts
