@@ -167,34 +167,15 @@ def choose_policy(
     confidence_threshold: float | None,
     adaptive_verification: bool | None,
     num_speculative_tokens: int | None,
+    quiet: bool = False,
 ) -> VerifyPolicy:
-    """Explicit policy > static threshold > scheduler > full block (or the first num_speculative_tokens)."""
-    policy, why = _policy_and_fallback_reason(
-        model, drafter, verify_policy, confidence_threshold, adaptive_verification, num_speculative_tokens
-    )
-    if why is not None:
-        _log_fallback(why)
-    return policy
-
-
-def _log_fallback(why: str) -> None:
-    logger.info(f"hf_dspark: adaptive verification is off because {why}; verifying the full block.")
-
-
-def _policy_and_fallback_reason(
-    model: PreTrainedModel,
-    drafter: DSparkDrafter,
-    verify_policy: VerifyPolicy | None,
-    confidence_threshold: float | None,
-    adaptive_verification: bool | None,
-    num_speculative_tokens: int | None,
-) -> tuple[VerifyPolicy, str | None]:
-    """choose_policy's choice, and why the scheduler fell back to the full block (None when it did not)."""
+    """Explicit policy > static threshold > scheduler > full block (or the first num_speculative_tokens). Where the
+    scheduler was wanted but cannot run, the full block says why (`fallback_reason`), logged unless `quiet`."""
     if verify_policy is not None:
-        return verify_policy, None
+        return verify_policy
     temps = (drafter.calibration or {}).get("temperatures")
     if confidence_threshold is not None:
-        return ConfidenceThreshold(confidence_threshold, temperatures=temps), None
+        return ConfidenceThreshold(confidence_threshold, temperatures=temps)
     if adaptive_verification is not False:
         why = None
         if drafter.confidence_head is None:
@@ -211,11 +192,17 @@ def _policy_and_fallback_reason(
             if table is None:
                 why = "no step table is cached for this device (profile one with `hf-dspark profile`)"
             else:
-                return _persistent_scheduler(drafter, model, table, temps), None
+                return _persistent_scheduler(drafter, model, table, temps)
         if adaptive_verification:
             raise ValueError(f"adaptive_verification=True cannot run: {why}.")
-        return FullBlock(num_speculative_tokens), why
-    return FullBlock(num_speculative_tokens), None
+        if not quiet:
+            _log_fallback(why)
+        return FullBlock(num_speculative_tokens, fallback_reason=why)
+    return FullBlock(num_speculative_tokens)
+
+
+def _log_fallback(why: str) -> None:
+    logger.info(f"hf_dspark: adaptive verification is off because {why}; verifying the full block.")
 
 
 def _persistent_scheduler(drafter: DSparkDrafter, model: PreTrainedModel, table, temps) -> AdaptiveVerification:
@@ -418,11 +405,11 @@ def _start_call(
     lookup = PromptLookup.from_generation_config(gen)
     policy = None
     if tree_size is None and lookup is None:
-        policy, why = _policy_and_fallback_reason(model, drafter, num_speculative_tokens=num_speculative_tokens, **policy_options)
+        policy = choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, quiet=True, **policy_options)
         explicit = num_speculative_tokens is not None or any(v is not None for v in policy_options.values())
         tree_size = None if explicit or n_rows > 1 else default_tree_size(model, drafter, policy)
-        if why is not None and tree_size is None:  # the default tree, when chosen, verifies no chain at all
-            _log_fallback(why)
+        if getattr(policy, "fallback_reason", None) and tree_size is None:  # a default tree verifies no chain
+            _log_fallback(policy.fallback_reason)
     if tree_size is not None or lookup is not None:  # every drafting step verifies the whole tree
         check_tree_call(model, drafter, tree_size, policy_options)
         policy = FullBlock(num_speculative_tokens)

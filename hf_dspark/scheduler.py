@@ -556,12 +556,14 @@ class VerifyPolicy:
 
 
 class FullBlock(VerifyPolicy):
-    """Verify every draft (or the first `max_len`, drafting no more than that): plain DSpark/DFlash."""
+    """Verify every draft (or the first `max_len`, drafting no more than that): plain DSpark/DFlash.
+    `fallback_reason`: why the scheduler, when it was wanted, could not run (`generation.choose_policy`)."""
 
-    def __init__(self, max_len: int | None = None):
+    def __init__(self, max_len: int | None = None, fallback_reason: str | None = None):
         if max_len is not None and max_len < 0:
             raise ValueError(f"max_len must be >= 0, got {max_len}.")
         self.max_len = max_len
+        self.fallback_reason = fallback_reason
 
     def draft_depth(self, num_requests, block_size, usable=None, pending_columns=0):
         return block_size if self.max_len is None else min(self.max_len, block_size)
