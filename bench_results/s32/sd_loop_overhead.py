@@ -9,7 +9,6 @@ at batch 256 is the HF forward's, not the loop's bookkeeping."""
 import sys, time, torch
 sys.path.insert(0, "tests")  # conftest.make_tiny_target
 from conftest import make_tiny_target
-from transformers import GenerationConfig
 from hf_dspark.training.data import GenerationSettings, generate_responses
 
 torch.set_num_threads(1)
