@@ -437,6 +437,18 @@ def test_make_data_resumes_without_duplicates_or_holes(tiny, tmp_path):
     assert len(both) == 2 * len(PROMPTS) and torch.equal(both[len(PROMPTS)][0], fresh_ds[0][0])
 
 
+def test_make_data_with_the_continuous_engine_writes_the_loops_shards(tiny, tmp_path):
+    """Several shards through one continuous-batching manager (kept across shards, destroyed at the end)."""
+    model, tok = tiny
+    model = copy.deepcopy(model)  # the run switches the attention and caches a manager while it lasts
+    s = GenerationSettings(max_new_tokens=6, batch_size=2, prompts_per_shard=3)
+    make_data(model, tok, PROMPTS, tmp_path / "loop", s, max_prompts=6, log=lambda *_: None)
+    man = make_data(model, tok, PROMPTS, tmp_path / "cb", s, max_prompts=6, log=lambda *_: None, engine="continuous")
+    assert len(man["shards"]) == 2 and getattr(model, "_cached_continuous_batching_manager", None) is None
+    for a, b in zip(TokenDataset(tmp_path / "loop", model, tok).ids, TokenDataset(tmp_path / "cb", model, tok).ids):
+        assert torch.equal(a, b)
+
+
 def test_a_data_dir_from_another_target_or_tokenizer_is_refused(tiny, data_dir):
     model, tok = tiny
     with pytest.raises(DataError, match="made for target"):

@@ -287,7 +287,9 @@ def _continuous_batch(model, prompts: list[list[int]], settings: GenerationSetti
         raise DataError("--engine continuous generates greedily; use --engine loop to sample (--temperature > 0).")
     config = GenerationConfig(max_new_tokens=settings.max_new_tokens, do_sample=False, eos_token_id=sorted(eos_ids),
                               pad_token_id=pad)
-    results = list(model.generate_batch(prompts, generation_config=config).values())  # in input order
+    # one manager for every shard of a run (make_data destroys it at the end): its warmup, which captures CUDA graphs on
+    # a GPU, then runs once per run rather than once per shard
+    results = list(model.generate_batch(prompts, generation_config=config, persistent_manager=True).values())  # in input order
     failed = [r.request_id for r in results if r.error is not None]
     if len(results) != len(prompts) or failed:
         raise DataError(f"continuous batching returned {len(results)} of {len(prompts)} responses (failed: {failed[:5]}); "
@@ -480,6 +482,8 @@ def make_data(
             f"[make-data] {name}: prompts {start}-{stop} ({len(sequences)} seqs, {num_tokens} tokens); "
             f"{made / max(1e-9, time.time() - t0):.0f} generated tok/s"
         )
+    if engine == "continuous":
+        model.destroy_cached_continuous_batching_manager()
     return manifest
 
 
