@@ -50,7 +50,9 @@
 #   NUM_ANCHORS [128]  STEPS [the schedule spans the window]  TRAIN_MINUTES [what the deadline leaves]  EVAL_PROMPTS [10]
 #   EVAL_MAX_NEW [128]  EVAL_RESERVE_S [120]  EVAL_SETS [gsm8k,humaneval,mtbench]  INIT [none: a fresh drafter;
 #   a drafter folder, e.g. model_cards/dspark-smollm2-135m-instruct, continues one (its own architecture)]
-#   VARIANTS [main:$LR:$INIT:]  BASELINE [none]  EVAL_EVERY [400 with a spanned schedule]
+#   VARIANTS [main:$LR:$INIT:]  BASELINE [none]  EVAL_EVERY [400 with a spanned schedule]  SD_WEIGHT [3]
+#   AW [1; 0 trains on the self-distilled answers alone when there are any]  REMAP [0: an init drafter keeps its
+#   draft vocabulary; 1: remapped to the DRAFT_VOCAB most frequent tokens of the data]
 #   STASH [/tmp/dspark_payload]  PARTS_DIR [<repo>/.gpu]  HF_DSPARK_DEVICE [cuda if available, else cpu]
 #
 # CPU TEST (no GPU needed; tiny budget, low priority; PARTS_DIR simulates one carried part per call: see
@@ -85,6 +87,7 @@ EVAL_RESERVE_S="${EVAL_RESERVE_S:-120}"
 EVAL_SETS="${EVAL_SETS-gsm8k,humaneval,mtbench}"
 INIT="${INIT:-}"
 SD_WEIGHT="${SD_WEIGHT:-3}"
+AW="${AW:-1}"
 DEADLINE=$((T0 + $(awk -v m="$TOTAL_MINUTES" 'BEGIN { printf "%d", m * 60 }')))
 
 mkdir -p "$OUT" "$STASH" || exit 1
@@ -229,7 +232,13 @@ except OSError: d = {"shards": []}
 s = d["shards"]; print(sum(x["num_sequences"] for x in s), sum(x["num_response_tokens"] for x in s))' "$RUN/data-sd/manifest.json")
 read -r sd_seqs sd_tokens <<<"$sd"
 log "self-distilled: $sd_seqs sequences, $sd_tokens response tokens (make-data rc $rc; 124 = stopped at its time share)"
-[ "$sd_seqs" -gt 0 ] && DATA="$DATA,$RUN/data-sd:$SD_WEIGHT"  # the target's own answers weigh SD_WEIGHT times
+if [ "$sd_seqs" -gt 0 ]; then
+    DATA="$DATA,$RUN/data-sd:$SD_WEIGHT"  # the target's own answers weigh SD_WEIGHT times
+    # AW=0: the self-distilled answers alone (continuing the shipped drafter on ShareGPT as written cost it math and
+    # code tau in session 32)
+    [ "$AW" = 0 ] && DATA="$RUN/data-sd"
+fi
+log "training data: $DATA"
 
 # ------------------------------------------------------------------ 5. train (each variant in its own process)
 # VARIANTS: space-separated name:lr:init:flags; init = a drafter folder, @init (the payload's init/) or fresh;
@@ -257,10 +266,16 @@ for spec in $VARIANTS; do
     [ "$init" = "@init" ] && init="$W/init"
     args=(--data "$DATA" --target smollm2-135m-instruct --dtype bfloat16 --num-anchors "$NUM_ANCHORS"
           --batch-size "$BATCH" --lr "$lr" --eval-sequences 8 --checkpoint-minutes 1000 --no-progress
-          --draft-vocab-size "$DRAFT_VOCAB" --max-steps "$STEPS" "${SCHEDULE[@]}" --eval-every "$EVAL_EVERY"
+          --max-steps "$STEPS" "${SCHEDULE[@]}" --eval-every "$EVAL_EVERY"
           --time-budget-min "$(awk -v w="$window" 'BEGIN { print w / 60 }')" --out "$RUN/train-$name")
-    # an --init drafter brings its own shape (train refuses --layers beside it); --draft-vocab-size remaps it
-    if [ "$init" != fresh ]; then args+=(--init "$init"); else args+=(--layers "$LAYERS"); fi
+    # an --init drafter brings its own shape (train refuses --layers beside it) and keeps its draft vocabulary unless
+    # REMAP=1 (--draft-vocab-size remaps it to the data's: session 32's ShareGPT data reset 1002 of its 16384 rows)
+    if [ "$init" != fresh ]; then
+        args+=(--init "$init")
+        [ "${REMAP:-0}" = 1 ] && args+=(--draft-vocab-size "$DRAFT_VOCAB")
+    else
+        args+=(--layers "$LAYERS" --draft-vocab-size "$DRAFT_VOCAB")
+    fi
     [ "$flags" = dflash ] && args+=(--dflash)
     log "train $name: lr $lr, init $init${flags:+, $flags}, ${window}s, ${SCHEDULE[*]:-max-steps $STEPS}, batch $BATCH"
     timeout --kill-after=15 $((window + startup + 90)) "${CLI[@]}" train "${args[@]}" >"$RUN/train-$name.log" 2>&1 &
