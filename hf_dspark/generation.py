@@ -160,6 +160,11 @@ def cache_kwarg(model: PreTrainedModel) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def takes_logits_to_keep(model: PreTrainedModel) -> bool:
+    """Whether the target's forward can skip the logits of all but the last positions (`logits_to_keep`)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
 def choose_policy(
     model: PreTrainedModel,
     drafter: DSparkDrafter,
@@ -408,7 +413,7 @@ def _start_call(
         policy = choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, quiet=True, **policy_options)
         explicit = num_speculative_tokens is not None or any(v is not None for v in policy_options.values())
         tree_size = None if explicit or n_rows > 1 else default_tree_size(model, drafter, policy)
-        if getattr(policy, "fallback_reason", None) and tree_size is None:  # a default tree verifies no chain
+        if policy.fallback_reason and tree_size is None:  # a default tree verifies no chain
             _log_fallback(policy.fallback_reason)
     if tree_size is not None or lookup is not None:  # every drafting step verifies the whole tree
         check_tree_call(model, drafter, tree_size, policy_options)
@@ -424,7 +429,7 @@ def _start_call(
         budget=max_length - prompt_len, max_drafts=num_speculative_tokens, tree_size=tree_size, lookup=lookup, eos=eos, pad_id=pad_id, criteria=criteria,
         prompt_rows=list(input_ids), generated=[[] for _ in range(n_rows)], streamer=streamer,
         forward_kwargs={cache_key: cache, **model_kwargs},
-        keeps_logits="logits_to_keep" in inspect.signature(model.forward).parameters,
+        keeps_logits=takes_logits_to_keep(model),
     )
 
 

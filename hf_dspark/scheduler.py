@@ -486,6 +486,7 @@ class VerifyPolicy:
     """
 
     needs_confidence = False
+    fallback_reason: str | None = None  # a FullBlock standing in for a scheduler that could not run says why
 
     def reset(self) -> None:
         """Forget per-generation state (history of earlier steps)."""

@@ -252,10 +252,11 @@ else
 fi
 [ "$window" -ge 30 ] || die "only ${window}s left for training: raise TOTAL_MINUTES or lower GEN_SECONDS/EVAL_RESERVE_S"
 # without STEPS the warmup + cosine span the training window (--schedule-minutes), whatever the step rate
+window_min=$(awk -v w="$window" 'BEGIN { print w / 60 }')
 SCHEDULE=()
 if [ -z "${STEPS:-}" ]; then
     STEPS=1000000
-    SCHEDULE=(--schedule-minutes "$(awk -v w="$window" 'BEGIN { print w / 60 }')")
+    SCHEDULE=(--schedule-minutes "$window_min")
 fi
 EVAL_EVERY="${EVAL_EVERY:-$(( STEPS / 8 > 25 ? STEPS / 8 : 25 ))}"
 [ "$EVAL_EVERY" -le 100000 ] || EVAL_EVERY=400
@@ -267,9 +268,9 @@ for spec in $VARIANTS; do
     args=(--data "$DATA" --target smollm2-135m-instruct --dtype bfloat16 --num-anchors "$NUM_ANCHORS"
           --batch-size "$BATCH" --lr "$lr" --eval-sequences 8 --checkpoint-minutes 1000 --no-progress
           --max-steps "$STEPS" "${SCHEDULE[@]}" --eval-every "$EVAL_EVERY"
-          --time-budget-min "$(awk -v w="$window" 'BEGIN { print w / 60 }')" --out "$RUN/train-$name")
+          --time-budget-min "$window_min" --out "$RUN/train-$name")
     # an --init drafter brings its own shape (train refuses --layers beside it) and keeps its draft vocabulary unless
-    # REMAP=1 (--draft-vocab-size remaps it to the data's: session 32's ShareGPT data reset 1002 of its 16384 rows)
+    # REMAP=1 (--draft-vocab-size remaps it to the data's: session 32's ShareGPT data reset 999 of its 16384 rows)
     if [ "$init" != fresh ]; then
         args+=(--init "$init")
         [ "${REMAP:-0}" = 1 ] && args+=(--draft-vocab-size "$DRAFT_VOCAB")
@@ -304,36 +305,35 @@ done
 pack() { rm -f "$OUT"/drafter.tar.part-*; tar -C "$RUN/export-$1" --transform 's,^\.,drafter,' -cf - . | split -b 15M - "$OUT/drafter.tar.part-"; }
 first="${evaluated[0]%%:*}"
 pack "$first" || die "cannot pack the $first drafter"  # in $OUT before the eval can overrun
-if [ -z "$EVAL_SETS" ]; then  # EVAL_SETS= : no eval, the first variant comes back
-    "$PY" "$REPO/scripts/gpu_cli.py" summary "$OUT/history.json" "$sd_tokens" 2>&1 | tee -a "$LOG"
-    log "done in $(($(date +%s) - T0))s without eval; \$OUT: $(cd "$OUT" && find . -type f | sort | tr '\n' ' ')"
-    exit 0
-fi
-[ -z "${BASELINE:-}" ] || evaluated+=("baseline:${BASELINE/#@init/$W/init}")
-budget=$(( $(left) - 10 ))
-[ "$budget" -ge 30 ] || budget=30
-log "eval-tau of ${evaluated[*]%%:*} on $EVAL_SETS ($EVAL_PROMPTS prompts, $EVAL_MAX_NEW new tokens, greedy bf16, full block), ${budget}s"
-pids=()
-for entry in "${evaluated[@]}"; do
-    for set in ${EVAL_SETS//,/ }; do
-        timeout --kill-after=10 "$budget" "${CLI[@]}" eval-tau --drafter "${entry#*:}" --sets "$set" --dtype bfloat16 \
-            --num-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_MAX_NEW" --out "$RUN/eval-${entry%%:*}-$set.json" \
-            >"$RUN/eval-${entry%%:*}-$set.log" 2>&1 &
-        pids+=($!)
+# every variant (and BASELINE) on EVAL_SETS in parallel processes; the trained one with the highest summed tau comes back
+evaluate_and_pick() {
+    [ -z "${BASELINE:-}" ] || evaluated+=("baseline:${BASELINE/#@init/$W/init}")
+    budget=$(( $(left) - 10 ))
+    [ "$budget" -ge 30 ] || budget=30
+    log "eval-tau of ${evaluated[*]%%:*} on $EVAL_SETS ($EVAL_PROMPTS prompts, $EVAL_MAX_NEW new tokens, greedy bf16, full block), ${budget}s"
+    pids=()
+    for entry in "${evaluated[@]}"; do
+        for set in ${EVAL_SETS//,/ }; do
+            timeout --kill-after=10 "$budget" "${CLI[@]}" eval-tau --drafter "${entry#*:}" --sets "$set" --dtype bfloat16 \
+                --num-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_MAX_NEW" --out "$RUN/eval-${entry%%:*}-$set.json" \
+                >"$RUN/eval-${entry%%:*}-$set.log" 2>&1 &
+            pids+=($!)
+        done
     done
-done
-for pid in "${pids[@]}"; do wait "$pid"; done
-for f in "$RUN"/eval-*.log; do
-    grep -E "^\[(eval-tau|gpu_cli)\]|Error|error" "$f" | tail -n 3 | sed "s|^|  [$(basename "$f" .log)] |" >>"$LOG"
-done
-# {variant: {set: result}, settings}; the trained variant with the highest summed tau comes back as drafter/
-best=$("$PY" "$REPO/scripts/gpu_cli.py" merge-evals "$OUT/eval_tau.json" "$RUN" "$EVAL_SETS" "${evaluated[@]%%:*}" 2>>"$LOG")
-[ -n "$best" ] || best="${names[0]}"
-log "returning $best as drafter/"
-[ "$best" = "$first" ] || pack "$best" || die "cannot pack the $best drafter"
+    for pid in "${pids[@]}"; do wait "$pid"; done
+    for f in "$RUN"/eval-*.log; do
+        grep -E "^\[(eval-tau|gpu_cli)\]|Error|error" "$f" | tail -n 3 | sed "s|^|  [$(basename "$f" .log)] |" >>"$LOG"
+    done
+    # {variant: {set: result}, settings}; the trained variant with the highest summed tau comes back as drafter/
+    best=$("$PY" "$REPO/scripts/gpu_cli.py" merge-evals "$OUT/eval_tau.json" "$RUN" "$EVAL_SETS" "${evaluated[@]%%:*}" 2>>"$LOG")
+    [ -n "$best" ] || best="${names[0]}"
+    log "returning $best as drafter/"
+    [ "$best" = "$first" ] || pack "$best" || die "cannot pack the $best drafter"
+}
+if [ -n "$EVAL_SETS" ]; then evaluate_and_pick; else log "EVAL_SETS is empty: no eval; $first comes back as drafter/"; fi
 
 # ------------------------------------------------------------------ 7. summary
 "$PY" "$REPO/scripts/gpu_cli.py" summary "$OUT/history.json" "$sd_tokens" 2>&1 | tee -a "$LOG"
 files=$(find "$OUT" -type f | wc -l)
-[ "$files" -le 8 ] || log "WARNING: $files files in \$OUT, the device returns 8: fewer/larger shards needed (LAYERS?)"
+[ "$files" -le 8 ] || log "WARNING: $files files in \$OUT, the device returns 8: a smaller drafter (LAYERS, DRAFT_VOCAB) or fewer pieces"
 log "done in $(($(date +%s) - T0))s; \$OUT: $(cd "$OUT" && find . -type f | sort | tr '\n' ' ')"

@@ -36,7 +36,15 @@ def _load(args):
 
 # ------------------------------------------------------------------------------------------- make-data
 def _make_data(args) -> int:
-    from .data import GenerationSettings, cache_hidden_states, decontaminate, last_of_shuffle, make_data, read_prompts
+    from .data import (
+        CONTINUOUS_SAMPLING_REFUSED,
+        GenerationSettings,
+        cache_hidden_states,
+        decontaminate,
+        last_of_shuffle,
+        make_data,
+        read_prompts,
+    )
 
     if args.as_written:
         for flag, given in (("--heldout", args.heldout is not None), ("--start-prompt", args.start_prompt != 0)):
@@ -45,7 +53,7 @@ def _make_data(args) -> int:
                                  "cannot honour it. Drop one of them.")
         return _make_data_as_written(args)
     if args.engine == "continuous" and args.temperature > 0:
-        raise SystemExit("--engine continuous generates greedily; use --engine loop to sample (--temperature > 0).")
+        raise SystemExit(CONTINUOUS_SAMPLING_REFUSED)  # before the target loads
     prompts = read_prompts(args.prompts, fmt=args.format, field=args.field)
     if not args.no_decontaminate:
         prompts, dropped = decontaminate(prompts)
@@ -130,7 +138,8 @@ def _add_make_data(sub) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=384, help="prompts longer than this are skipped")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--prompts-per-shard", type=int, default=64)
-    p.add_argument("--engine", default="loop", choices=["loop", "continuous"],
+    p.add_argument("--engine", default="loop", choices=["loop", "continuous"],  # data.GENERATION_ENGINES (not imported:
+                   # building the parser stays free of torch)
                    help="loop (default): our batched loop, finished rows leave the batch; continuous: transformers' "
                    "continuous batching (model.generate_batch: paged cache, waiting prompts take finished rows' places, "
                    "CUDA graphs on a GPU; greedy only, sizes its own batches, so --batch-size does not apply)")

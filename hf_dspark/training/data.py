@@ -17,12 +17,12 @@ from __future__ import annotations
 import errno
 import hashlib
 import importlib.util
-import inspect
 import json
 import random
 import re
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
@@ -32,7 +32,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..generation import cache_kwarg
+from ..generation import cache_kwarg, takes_logits_to_keep
 from ..io_utils import atomic_path, write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -246,6 +246,7 @@ def _chat_ids(tokenizer: PreTrainedTokenizerBase, prompt: str, system: str | Non
 
 
 GENERATION_ENGINES = ("loop", "continuous")
+CONTINUOUS_SAMPLING_REFUSED = "--engine continuous generates greedily; use --engine loop to sample (--temperature > 0)."
 
 
 @torch.no_grad()
@@ -279,16 +280,26 @@ def generate_responses(
     return [by_index[i] for i in range(len(prompt_ids))]
 
 
+@contextmanager
+def _manager_freed_after(model, engine: str):
+    """The continuous engine keeps one batching manager across a run's shards (`_continuous_batch`); free it at the end."""
+    try:
+        yield
+    finally:
+        if engine == "continuous":
+            model.destroy_cached_continuous_batching_manager()
+
+
 def _continuous_batch(model, prompts: list[list[int]], settings: GenerationSettings, eos_ids: set, pad: int) -> list[list[int]]:
     """Greedy responses through transformers' continuous batching, in the order of `prompts` (EOS kept)."""
     from transformers import GenerationConfig
 
     if settings.do_sample:
-        raise DataError("--engine continuous generates greedily; use --engine loop to sample (--temperature > 0).")
+        raise DataError(CONTINUOUS_SAMPLING_REFUSED)
     config = GenerationConfig(max_new_tokens=settings.max_new_tokens, do_sample=False, eos_token_id=sorted(eos_ids),
                               pad_token_id=pad)
-    # one manager for every shard of a run (make_data destroys it at the end): its warmup, which captures CUDA graphs on
-    # a GPU, then runs once per run rather than once per shard
+    # one manager for every shard of a run (make_data frees it at the end): its warmup, which captures CUDA graphs on a
+    # GPU, then runs once per run rather than once per shard
     results = list(model.generate_batch(prompts, generation_config=config, persistent_manager=True).values())  # in input order
     failed = [r.request_id for r in results if r.error is not None]
     if len(results) != len(prompts) or failed:
@@ -322,7 +333,7 @@ def _decode_batch(model, prompts: list[list[int]], settings: GenerationSettings,
     step_ids, step_pos = ids, pos
     cache_arg = {cache_kwarg(model): cache}  # "cache" from transformers 5.24 ("past_key_values" is deprecated there)
     # the prefill's logits over every prompt position ([R, T, V]: GBs at batch 256) are never needed
-    last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    last_only = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
     for _ in range(settings.max_new_tokens):
         logits = model(input_ids=step_ids, attention_mask=att, position_ids=step_pos, use_cache=True, **last_only,
                        **cache_arg).logits[:, -1].float()  # [R, V]
@@ -450,40 +461,39 @@ def make_data(
     order = shuffled_order(len(prompts), settings.seed)
     limit = min(len(prompts), max_prompts or len(prompts))
     t0, made = time.time(), 0
-    while manifest["next_prompt"] < limit:
-        start = manifest["next_prompt"]
-        stop = min(limit, start + settings.prompts_per_shard)
-        chunk, skipped = [], 0
-        for i in order[start:stop]:
-            ids = _chat_ids(tokenizer, prompts[i], settings.system_prompt)
-            if len(ids) > settings.max_prompt_tokens:
-                skipped += 1
-                continue
-            chunk.append(ids)
-        shard_index = len(manifest["shards"])
-        torch.manual_seed(settings.seed * 1_000_003 + shard_index)
-        sequences = generate_responses(model, tokenizer, chunk, settings, engine) if chunk else []
-        name = f"shard-{shard_index:05d}.safetensors"
-        num_tokens = _write_shard(out / name, sequences)
-        manifest["shards"].append(
-            {
-                "file": name,
-                "prompt_range": [start, stop],
-                "num_sequences": len(sequences),
-                "num_tokens": num_tokens,
-                "num_response_tokens": sum(len(r) for _, r in sequences),
-            }
-        )
-        manifest["next_prompt"] = stop
-        manifest["skipped_long_prompts"] += skipped
-        write_json_atomic(manifest_path, manifest)
-        made += sum(len(r) for _, r in sequences)
-        log(
-            f"[make-data] {name}: prompts {start}-{stop} ({len(sequences)} seqs, {num_tokens} tokens); "
-            f"{made / max(1e-9, time.time() - t0):.0f} generated tok/s"
-        )
-    if engine == "continuous":
-        model.destroy_cached_continuous_batching_manager()
+    with _manager_freed_after(model, engine):  # however the run ends
+        while manifest["next_prompt"] < limit:
+            start = manifest["next_prompt"]
+            stop = min(limit, start + settings.prompts_per_shard)
+            chunk, skipped = [], 0
+            for i in order[start:stop]:
+                ids = _chat_ids(tokenizer, prompts[i], settings.system_prompt)
+                if len(ids) > settings.max_prompt_tokens:
+                    skipped += 1
+                    continue
+                chunk.append(ids)
+            shard_index = len(manifest["shards"])
+            torch.manual_seed(settings.seed * 1_000_003 + shard_index)
+            sequences = generate_responses(model, tokenizer, chunk, settings, engine) if chunk else []
+            name = f"shard-{shard_index:05d}.safetensors"
+            num_tokens = _write_shard(out / name, sequences)
+            manifest["shards"].append(
+                {
+                    "file": name,
+                    "prompt_range": [start, stop],
+                    "num_sequences": len(sequences),
+                    "num_tokens": num_tokens,
+                    "num_response_tokens": sum(len(r) for _, r in sequences),
+                }
+            )
+            manifest["next_prompt"] = stop
+            manifest["skipped_long_prompts"] += skipped
+            write_json_atomic(manifest_path, manifest)
+            made += sum(len(r) for _, r in sequences)
+            log(
+                f"[make-data] {name}: prompts {start}-{stop} ({len(sequences)} seqs, {num_tokens} tokens); "
+                f"{made / max(1e-9, time.time() - t0):.0f} generated tok/s"
+            )
     return manifest
 
 
