@@ -113,7 +113,21 @@ def grow_tree(
             new_state = new_state.view(n, f, -1)
             front_state = new_state.gather(1, owner[:, :, None].expand(-1, -1, new_state.shape[-1]))
         count += f * top_k
+        if k + 1 < depth and _tree_is_complete(scores, front_score, size):
+            break
     return _best_nodes(torch.cat(toks, 1), torch.cat(scores, 1), torch.cat(parents, 1), torch.cat(levels, 1), size)
+
+
+def _tree_is_complete(scores: list[torch.Tensor], front_score: torch.Tensor, size: int) -> bool:
+    """Whether no deeper level can change the `size` best nodes: a descendant scores at most its frontier ancestor,
+    and a deeper node that ties one of the best sorts after it, so once every row's best frontier score is at most
+    its `size`-th best score so far, growing further only adds nodes `_best_nodes` drops (`scores`: per level
+    [R, M_k]; front_score [R, F])."""
+    grown = torch.cat(scores, 1)  # [R, M]
+    if grown.shape[1] < size:
+        return False
+    kth = grown.topk(size, dim=1).values[:, -1]  # [R] the size-th best score of each row
+    return bool((front_score.max(dim=1).values <= kth).all())
 
 
 def _best_nodes(tokens, scores, parents, levels, size: int) -> DraftTree:

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
-from .prepack import can_prepack, prepack_linears
+from .prepack import can_prepack, cpu_multiplies_bf16, prepack_linears
 
 logger = logging.get_logger(__name__)
 
@@ -133,11 +133,7 @@ def fast_dtype(device: str | torch.device = "cpu") -> torch.dtype:
     """
     if torch.device(device).type == "cuda":
         return torch.bfloat16
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        flags = ""
-    return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+    return torch.bfloat16 if cpu_multiplies_bf16() else torch.float32
 
 
 def load_target(
@@ -152,7 +148,8 @@ def load_target(
         name: "smollm2-135m-instruct" or "qwen2.5-coder-0.5b-instruct", or a local HF model folder.
         dtype: torch dtype or its name ("float32", "bfloat16", or "auto" for `fast_dtype(device)`).
         prepack: prepack the linear weights for small-batch CPU decoding (`hf_dspark.prepack_linears`); None (the
-            default) does so for an fp32 model on the CPU where this torch build has oneDNN.
+            default) does so for a model on the CPU in fp32, or in bf16 on a CPU with bf16 instructions, where this
+            torch build has oneDNN.
     """
     if dtype == "auto":
         dtype = fast_dtype(device)

@@ -97,6 +97,29 @@ def test_grown_tree_is_best_first_and_ancestor_closed(tiny_target, tiny_drafter,
         assert len(set(pairs)) == size
 
 
+@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])  # flat drafts grow the whole depth, peaked ones stop early
+def test_growth_stops_once_deeper_levels_cannot_enter_the_tree(tiny_drafter, monkeypatch, scale):
+    from hf_dspark import draft_tree
+
+    torch.manual_seed(0)
+    n, depth = 4, tiny_drafter.config.block_size
+    base = torch.randn(n, depth, tiny_drafter.draft_vocab_size) * scale
+    hidden = torch.randn(n, depth, tiny_drafter.config.hidden_size)
+    anchor = torch.tensor([3, 4, 5, 6])
+    complete = draft_tree._tree_is_complete
+    stops = []
+    monkeypatch.setattr(draft_tree, "_tree_is_complete", lambda *a: stops.append(complete(*a)) or stops[-1])
+    for size in (1, 4, 7, 12):
+        args = (tiny_drafter, base, hidden, anchor, Processing(None, False, n), None, True, size)
+        stopped = grow_tree(*args)
+        with monkeypatch.context() as m:
+            m.setattr(draft_tree, "_tree_is_complete", lambda *a: False)  # every level grown
+            full = grow_tree(*args)
+        for got, want in zip((stopped.tokens, stopped.parents, stopped.levels), (full.tokens, full.parents, full.levels)):
+            assert torch.equal(got, want)
+    assert any(stops)  # every scale stops early at least once (size 1 always does; peaked drafts for larger trees)
+
+
 @pytest.mark.parametrize("project_first", [False, True])
 @pytest.mark.parametrize("path_len", [4, 2])
 def test_reorder_tail_moves_columns_with_their_positions(tiny_drafter, project_first, path_len):

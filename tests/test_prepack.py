@@ -1,4 +1,4 @@
-"""Prepacked fp32 CPU linear layers (hf_dspark.prepack): same results, batch-invariant rows, safe fallbacks."""
+"""Prepacked CPU linear layers (hf_dspark.prepack), fp32 and bf16: same results, batch-invariant rows, safe fallbacks."""
 
 import copy
 
@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 import hf_dspark
-from hf_dspark.prepack import MAX_PACKED_ROWS, PrepackedLinear, is_prepacked, prepacking_available
+from hf_dspark import prepack
+from hf_dspark.prepack import MAX_PACKED_ROWS, PrepackedLinear, is_prepacked, packs_bf16, prepacking_available
 from hf_dspark.step_table import InvalidStepTableError, StepTimeTable, linear_kernels
 
 from _tiny_models import tiny_drafter, tiny_target
@@ -77,11 +78,27 @@ def test_prepacked_layers_train_and_fall_back_outside_fp32_cpu():
     assert out.dtype == torch.bfloat16
 
 
-def test_prepack_refuses_models_it_cannot_serve():
-    with pytest.raises(ValueError, match="fp32 models on the CPU.*bfloat16"):
-        hf_dspark.prepack_linears(two_layers().to(torch.bfloat16))
+def test_prepack_refuses_models_it_cannot_serve(monkeypatch):
+    with pytest.raises(ValueError, match="fp32 or bf16 models on the CPU.*float16"):
+        hf_dspark.prepack_linears(two_layers().to(torch.float16))
     with pytest.raises(ValueError, match="no parameters"):
         hf_dspark.prepack_linears(nn.Sequential())
+    monkeypatch.setattr(prepack, "cpu_multiplies_bf16", lambda: False)  # torch emulates bf16 there: no packing
+    with pytest.raises(ValueError, match="bf16 only on a CPU with avx512_bf16 or AMX.*bfloat16"):
+        hf_dspark.prepack_linears(two_layers().to(torch.bfloat16))
+
+
+@pytest.mark.skipif(not packs_bf16(), reason="bf16 is packed only on a CPU with avx512_bf16 or AMX")
+def test_bf16_prepacked_layers_compute_nn_linear_and_stay_in_their_dtype():
+    model, reference = two_layers().to(torch.bfloat16), two_layers().to(torch.bfloat16)
+    x = torch.randn(8, 64).to(torch.bfloat16)
+    assert hf_dspark.prepack_linears(model) == 2
+    with torch.no_grad():
+        got = model(x)
+        alone = torch.cat([model(x[i : i + 1]) for i in range(8)])
+        torch.testing.assert_close(got, reference(x))  # oneDNN rounds to bf16 once, as torch's own path
+        torch.testing.assert_close(alone, got)
+    assert got.dtype == torch.bfloat16 and model[0]._packed_dtype == torch.bfloat16
 
 
 def test_unpack_restores_plain_layers_and_the_state_dict_never_changes():
@@ -122,7 +139,7 @@ def test_step_tables_name_the_linear_kernels_they_were_measured_with():
 
 
 @pytest.mark.real
-def test_real_targets_load_prepacked_in_fp32_only(smollm2):
+def test_real_targets_load_prepacked_in_fp32_and_in_bf16_where_the_cpu_multiplies_it(smollm2):
     from hf_dspark.targets import load_target
 
     model, _ = smollm2  # so the real-model exactness tests run the prepacked path
@@ -130,7 +147,7 @@ def test_real_targets_load_prepacked_in_fp32_only(smollm2):
     # tied embeddings stay tied: the packed copy sits beside the weight
     assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
     bf16, _ = load_target("smollm2-135m-instruct", dtype=torch.bfloat16)
-    assert not is_prepacked(bf16)
+    assert is_prepacked(bf16) == packs_bf16()
 
 
 def test_an_unpacked_fp32_cpu_target_gets_a_hint(caplog):
