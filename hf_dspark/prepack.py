@@ -6,9 +6,9 @@ for 2-16 rows, the shapes of a verify step, it runs at about half that speed, an
 ~1.8 one-token steps on a 2-core AVX2 CPU. oneDNN with the weight packed once ahead of time streams it for any
 small number of rows: there a verify step of 8 tokens costs ~1.3 one-token steps, and a one-token step about what
 MKL's does (`python scripts/prepacked_linear_speed.py` measures both on the real target). In bf16 on a CPU with
-avx512_bf16 torch's default path reorders every weight on every call: packing once made a one-token forward of the
-real target 1.22x faster and an 8-token one 1.38x (2-core AMD EPYC; `scripts/prepacked_linear_speed.py --dtype
-bfloat16`), with bitwise the same logits.
+avx512_bf16, torch's default bf16 linear is also slower than oneDNN on a weight packed once: packed, a one-token
+forward of the real target took 0.77x the time and an 8-token one 0.74x, with bitwise the same logits (2-core AMD
+EPYC; `python scripts/prepacked_linear_speed.py bfloat16 25`).
 
 On those CPUs its rows were also batch-invariant: a row's output bitwise the same whether multiplied alone or with
 15 others, so a verify forward computed each position's logits exactly as a one-token forward (MKL's differ in the
@@ -171,7 +171,7 @@ def prepack_like(drafter: nn.Module, target: nn.Module) -> None:
             logger.warning_once(
                 "DSpark on a CPU model with torch's default linear layers: hf_dspark.prepack_linears(model) can make "
                 "its verify steps much cheaper (a verify step of 8 tokens fell from 1.8 to 1.3 one-token steps in "
-                "fp32 on a 2-core AVX2 CPU, and was 1.38x faster in bf16 on one with avx512_bf16; "
+                "fp32 on a 2-core AVX2 CPU, and took 0.74x the time in bf16 on one with avx512_bf16; "
                 "hf_dspark.targets.load_target does it)."
             )
     elif can_prepack(drafter) and not is_prepacked(drafter):
