@@ -34,7 +34,9 @@
 #            weights, bf16 autocast on CUDA) on data-aw + data-sd for the time left before the eval reserve; without
 #            STEPS the warmup + cosine span that window (--schedule-minutes), whatever the step rate.
 #            VARIANTS="name:lr:init:flags ...": init = a drafter folder, @init (the payload's init/, see
-#            prepare_gpu_payload.sh's INIT_DRAFTER) or fresh (LAYERS layers); flags = dflash for the DFlash twin.
+#            prepare_gpu_payload.sh's INIT_DRAFTER) or fresh (LAYERS layers); flags, comma-separated: dflash for the
+#            DFlash twin, ce to add cross-entropy on the greedy labels to the KL (--ce-weight 1.0: +0.04 summed tau
+#            over KL alone when continuing on self-distilled data, session 33).
 #   export   each drafter cast to bf16 (one model.safetensors, read back bit for bit); the one that comes back is a
 #            tar cut into 15 MiB pieces (the device returns files of <= 16 MiB; a 16384-row lm_head alone is 18 MiB).
 #   eval     `eval-tau` (greedy, bf16, full block, block 7) of every variant (and BASELINE, a drafter folder or
@@ -95,6 +97,21 @@ OUT="$(cd "$OUT" && pwd)"
 LOG="$OUT/run.log"
 log() { echo "[train_on_gpu +$(($(date +%s) - T0))s] $*" | tee -a "$LOG"; }
 die() { log "FAILED: $*"; exit 1; }
+# the train flags of one variant's comma-separated flags field (dflash, ce); an unknown flag: a message on stderr, rc 1
+variant_flags() {
+    local flag
+    for flag in ${1//,/ }; do
+        case "$flag" in
+            dflash) echo --dflash ;;
+            ce) echo --ce-weight 1.0 ;;
+            *) echo "unknown flag '$flag' in VARIANTS (name:lr:init:flags, flags from dflash,ce)" >&2; return 1 ;;
+        esac
+    done
+}
+for spec in ${VARIANTS:-}; do  # refuse a bad flag before the setup, not after the data
+    IFS=: read -r _ _ _ flags <<<"$spec"
+    msg=$(variant_flags "$flags" 2>&1 >/dev/null) || die "$msg"
+done
 left() { echo $((DEADLINE - $(date +%s))); }
 
 # ------------------------------------------------------------------ 1. store the parts this call carries
@@ -242,7 +259,8 @@ log "training data: $DATA"
 
 # ------------------------------------------------------------------ 5. train (each variant in its own process)
 # VARIANTS: space-separated name:lr:init:flags; init = a drafter folder, @init (the payload's init/) or fresh;
-# flags = dflash (the DFlash twin) or empty. The variants train side by side on the GPU, same data, same window.
+# flags = dflash (the DFlash twin), ce (+ cross-entropy on the greedy labels), both or empty. The variants train side by
+# side on the GPU, same data, same window.
 [ -n "${VARIANTS:-}" ] || VARIANTS="main:$LR:${INIT:-fresh}:"
 startup=30
 if [ -n "${TRAIN_MINUTES:-}" ]; then
@@ -277,7 +295,8 @@ for spec in $VARIANTS; do
     else
         args+=(--layers "$LAYERS" --draft-vocab-size "$DRAFT_VOCAB")
     fi
-    [ "$flags" = dflash ] && args+=(--dflash)
+    read -r -a extra <<<"$(variant_flags "$flags" | tr '\n' ' ')"
+    args+=("${extra[@]}")
     log "train $name: lr $lr, init $init${flags:+, $flags}, ${window}s, ${SCHEDULE[*]:-max-steps $STEPS}, batch $BATCH"
     timeout --kill-after=15 $((window + startup + 90)) "${CLI[@]}" train "${args[@]}" >"$RUN/train-$name.log" 2>&1 &
     names+=("$name")
