@@ -24,6 +24,7 @@ MAX_PACKED_ROWS rows, its forward multiplies by the packed copy (repacked if the
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -46,8 +47,10 @@ def prepacking_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+@functools.cache  # the CPU's flags do not change while the process runs; the DSpark loops ask on every call
 def cpu_multiplies_bf16() -> bool:
-    """Whether this CPU has bf16 instructions (avx512_bf16 or AMX; read from /proc/cpuinfo, False where it is absent)."""
+    """Whether this CPU has bf16 instructions (avx512_bf16 or AMX; read from /proc/cpuinfo once, False where it is
+    absent)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -174,5 +177,5 @@ def prepack_like(drafter: nn.Module, target: nn.Module) -> None:
                 "fp32 on a 2-core AVX2 CPU, and took 0.74x the time in bf16 on one with avx512_bf16; "
                 "hf_dspark.targets.load_target does it)."
             )
-    elif can_prepack(drafter) and not is_prepacked(drafter):
+    elif not is_prepacked(drafter) and can_prepack(drafter):
         prepack_linears(drafter)
