@@ -33,8 +33,9 @@ OLD_LABELS = {
 
 
 def append_run(points: list[dict], history: list[dict], session: int, run: str, cores: int, label: str,
-               heldout: str | None) -> list[dict]:
-    """The run's evaluations, counted on from the last point (its step, tokens and CPU-hours start at 0)."""
+               heldout: str | None, gpu: bool = False) -> list[dict]:
+    """The run's evaluations, counted on from the last point (its step, tokens and CPU-hours start at 0). A run on a
+    GPU (`gpu`) adds its seconds to `gpu_seconds` instead of CPU-hours."""
     if any(p["session"] == session for p in points):
         raise SystemExit(f"session {session} is already in the curve; pick the next session number.")
     last = points[-1]
@@ -49,7 +50,8 @@ def append_run(points: list[dict], history: list[dict], session: int, run: str, 
             "tokens_seen": last["tokens_seen"] + h["tokens_seen"],
             "train_seconds": h["train_seconds"],
             "eval_tau_tf": h["eval_tau_tf"],
-            "cpu_hours": round(last["cpu_hours"] + h["train_seconds"] * cores / 3600, 3),
+            "cpu_hours": round(last["cpu_hours"] + (0 if gpu else h["train_seconds"] * cores / 3600), 3),
+            "gpu_seconds": round(last.get("gpu_seconds", 0) + (h["train_seconds"] if gpu else 0), 1),
             "label": label,
             **({"heldout": heldout} if heldout else {}),
         })
@@ -89,6 +91,7 @@ def main() -> None:
     ap.add_argument("--session", type=int, default=None)
     ap.add_argument("--run", default=None, help="the run's letter, as in the card's commands")
     ap.add_argument("--cores", type=int, default=2, help="cores the run trained on (CPU-hours = seconds x cores)")
+    ap.add_argument("--gpu", action="store_true", help="the run trained on a GPU: its seconds count as GPU-seconds")
     ap.add_argument("--label", default="", help="the legend's text for the new session")
     ap.add_argument("--heldout", default=None, help="what the run held out")
     ap.add_argument("--title", default="DSpark drafter for SmolLM2-135M-Instruct, trained on a 2-core CPU")
@@ -99,12 +102,12 @@ def main() -> None:
         if args.session is None or args.run is None:
             ap.error("--append needs --session and --run")
         history = json.loads(args.append.read_text())
-        points = append_run(points, history, args.session, args.run, args.cores, args.label, args.heldout)
+        points = append_run(points, history, args.session, args.run, args.cores, args.label, args.heldout, args.gpu)
         write_json_atomic(curve, points)
     draw(points, args.card / "learning_curve.png", args.title)
     last = points[-1]
     print(f"{len(points)} points; last: session {last['session']}, {last['tokens_seen'] / 1e6:.1f}M tokens, "
-          f"{last['cpu_hours']:.1f} CPU-hours, held-out tau {last['eval_tau_tf']:.2f}")
+          f"{last['cpu_hours']:.1f} CPU-hours, {last.get('gpu_seconds', 0):.0f} GPU-seconds, held-out tau {last['eval_tau_tf']:.2f}")
 
 
 if __name__ == "__main__":

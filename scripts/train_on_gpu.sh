@@ -26,9 +26,11 @@
 #   target   hf_dspark.targets converts the GGUF once (-> ~/.cache/hf_dspark/targets/smollm2-135m-instruct);
 #            its tensor digest is compared with the conversion made in prepare (same weights, or a loud warning).
 #   data     data-aw (pre-tokenized ShareGPT conversations, as written) + self-distilled responses generated now:
-#            `make-data --engine $GEN_ENGINE` greedy on prompts.jsonl, stopped after $GEN_SECONDS (shards are atomic:
-#            whatever was committed is used). The loop engine made 2.2k tokens/s at batch 256 on the H200 (session 32);
-#            continuous (transformers' continuous batching, CUDA graphs) is untimed there yet.
+#            GEN_PROCS make-data processes side by side ("engine:batch ..."), greedy, each on its own slice of
+#            prompts.jsonl into data-sd-K, stopped after $GEN_SECONDS (shards are atomic: whatever was committed is
+#            used; a continuous process that fails goes on with loop). On the H200 (session 34) four processes made
+#            11.1k committed tokens/s together: loop at batch 512 ~3.9k generated tokens/s each, continuous at 512
+#            ~2.2k; one loop process alone at batch 256 made 2.2k (session 32), the GPU idle between its kernels.
 #   train    VARIANTS side by side, one process each (default one: LR, INIT or a fresh drafter): `train
 #            --draft-vocab-size $DRAFT_VOCAB --num-anchors $NUM_ANCHORS --batch-size $BATCH --dtype bfloat16` (fp32 master
 #            weights, bf16 autocast on CUDA) on data-aw + data-sd for the time left before the eval reserve; without
@@ -43,11 +45,12 @@
 #            @init, if set) on gsm8k, humaneval, mtbench, $EVAL_PROMPTS prompts each, $EVAL_MAX_NEW new tokens, all
 #            in parallel processes, on the bf16 exports; the variant with the highest summed tau comes back.
 # $OUT (<= 8 files): drafter.tar.part-aa, -ab, ... (`cat drafter.tar.part-* | tar -x` gives drafter/),
+# data.tar.xz.part-* where room is left (`cat data.tar.xz.part-* | tar -xJ` gives the data-sd-K/ folders),
 # history.json (the trainer's learning curve; {variant: curve} with several), eval_tau.json ({variant: {set: result}}
 # with several; the three sets merged), run.log.
 #
 # ENVIRONMENT (defaults in brackets): OUT [./gpu_out]  PYTHON [python3]  TOTAL_MINUTES [8.5]  GEN_SECONDS [90]
-#   GEN_PROMPTS [8192]  GEN_BATCH [256, the loop engine's]  GEN_ENGINE [continuous; loop where it fails]  GEN_SHARD [512]
+#   GEN_PROMPTS [16384]  GEN_PROCS ["loop:512 loop:512 loop:512 loop:512"]  GEN_SHARD [512]  RETURN_DATA [1]
 #   GEN_MAX_NEW [256]  BATCH [32]  LR [1e-3]  LAYERS [2]  DRAFT_VOCAB [8192]
 #   NUM_ANCHORS [128]  STEPS [the schedule spans the window]  TRAIN_MINUTES [what the deadline leaves]  EVAL_PROMPTS [10]
 #   EVAL_MAX_NEW [128]  EVAL_RESERVE_S [120]  EVAL_SETS [gsm8k,humaneval,mtbench]  INIT [none: a fresh drafter;
@@ -60,7 +63,7 @@
 # CPU TEST (no GPU needed; tiny budget, low priority; PARTS_DIR simulates one carried part per call: see
 # docs/training.md; HF_DSPARK_CACHE=/tmp/x would also convert the target from the carried GGUF):
 #   nice -n 19 env PYTHON=.venv/bin/python OUT=/tmp/gpuout STASH=/tmp/gpustash PARTS_DIR=/tmp/gpusim/parts \
-#     TRAIN_MINUTES=1 STEPS=20 BATCH=1 GEN_SECONDS=900 GEN_PROMPTS=8 GEN_BATCH=8 GEN_MAX_NEW=32 EVAL_PROMPTS=1 \
+#     TRAIN_MINUTES=1 STEPS=20 BATCH=1 GEN_SECONDS=900 GEN_PROMPTS=8 GEN_PROCS="loop:4 continuous:4" GEN_SHARD=2 GEN_MAX_NEW=32 EVAL_PROMPTS=1 \
 #     EVAL_MAX_NEW=16 EVAL_SETS=gsm8k,mtbench TOTAL_MINUTES=90 bash scripts/train_on_gpu.sh
 set -uo pipefail
 
@@ -73,9 +76,8 @@ STASH="${STASH:-/tmp/dspark_payload}"
 PARTS_DIR="${PARTS_DIR:-$REPO/.gpu}"
 TOTAL_MINUTES="${TOTAL_MINUTES:-8.5}"
 GEN_SECONDS="${GEN_SECONDS:-90}"
-GEN_PROMPTS="${GEN_PROMPTS:-8192}"
-GEN_BATCH="${GEN_BATCH:-256}"
-GEN_ENGINE="${GEN_ENGINE:-continuous}"
+GEN_PROMPTS="${GEN_PROMPTS:-16384}"
+GEN_PROCS="${GEN_PROCS:-loop:512 loop:512 loop:512 loop:512}"
 GEN_SHARD="${GEN_SHARD:-512}"
 GEN_MAX_NEW="${GEN_MAX_NEW:-256}"
 BATCH="${BATCH:-32}"
@@ -227,34 +229,61 @@ fi
 RUN="$W/run"
 rm -rf "$RUN" && mkdir -p "$RUN"
 DATA="$W/data/data-aw"
-log "self-distillation: make-data --engine $GEN_ENGINE on $GEN_PROMPTS prompts, $GEN_SHARD per shard, at most ${GEN_SECONDS}s"
-gen_end=$(( $(date +%s) + GEN_SECONDS ))
-make_sd() {  # SECONDS ENGINE; the shards are atomic and a rerun resumes (the engine is not a data setting)
-    timeout --kill-after=10 "$1" "${CLI[@]}" make-data --prompts "$W/prompts.jsonl" --out "$RUN/data-sd" --engine "$2" \
-        --max-prompts "$GEN_PROMPTS" --batch-size "$GEN_BATCH" --prompts-per-shard "$GEN_SHARD" \
-        --max-new-tokens "$GEN_MAX_NEW" --dtype bfloat16 --no-decontaminate >>"$LOG" 2>&1  # decontaminated in prepare
+# GEN_PROCS: make-data processes side by side on the GPU ("engine:batch ..."), each over its own slice of the first
+# GEN_PROMPTS prompts into data-sd-K (one process leaves the GPU idle between its small kernels)
+read -r -a GEN_SPECS <<<"$GEN_PROCS"
+NGEN=${#GEN_SPECS[@]}
+log "self-distillation: ${GEN_SPECS[*]} (engine:batch) side by side over $GEN_PROMPTS prompts, $GEN_SHARD per shard, at most ${GEN_SECONDS}s"
+gen_start=$(date +%s)
+gen_end=$(( gen_start + GEN_SECONDS ))
+make_sd() {  # K SECONDS ENGINE BATCH; the shards are atomic and a rerun resumes (the engine is not a data setting)
+    timeout --kill-after=10 "$2" "${CLI[@]}" make-data --prompts "$W/prompts.jsonl" --out "$RUN/data-sd-$1" --engine "$3" \
+        --start-prompt $(( GEN_PROMPTS * $1 / NGEN )) --max-prompts $(( GEN_PROMPTS * ($1 + 1) / NGEN )) \
+        --batch-size "$4" --prompts-per-shard "$GEN_SHARD" --max-new-tokens "$GEN_MAX_NEW" --dtype bfloat16 \
+        --no-decontaminate >>"$RUN/make-data-$1.log" 2>&1  # decontaminated in prepare
 }
-make_sd "$GEN_SECONDS" "$GEN_ENGINE"
-rc=$?
-if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && [ "$GEN_ENGINE" != loop ]; then
-    rest=$(( gen_end - $(date +%s) ))
-    log "make-data --engine $GEN_ENGINE failed (rc $rc, see run.log): --engine loop for the ${rest}s left"
-    rc=124
-    [ "$rest" -le 5 ] || { make_sd "$rest" loop; rc=$?; }
-fi
-[ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] || die "make-data failed (rc $rc; see run.log)"
+gen_proc() {  # K ENGINE BATCH: make_sd until gen_end; where an engine other than loop fails, loop for the time left
+    make_sd "$1" "$GEN_SECONDS" "$2" "$3"
+    local rc=$? rest
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && [ "$2" != loop ]; then
+        rest=$(( gen_end - $(date +%s) ))
+        log "make-data $1 --engine $2 failed (rc $rc, see make-data-$1.log): --engine loop for the ${rest}s left"
+        rc=124
+        [ "$rest" -le 5 ] || { make_sd "$1" "$rest" loop "$3"; rc=$?; }
+    fi
+    return "$rc"
+}
+pids=()
+for k in "${!GEN_SPECS[@]}"; do
+    gen_proc "$k" "${GEN_SPECS[$k]%%:*}" "${GEN_SPECS[$k]##*:}" &
+    pids+=($!)
+done
+sd_dirs=()
+for k in "${!pids[@]}"; do
+    wait "${pids[$k]}"
+    rc=$?
+    grep -h "generated tok/s\|Error\|error" "$RUN/make-data-$k.log" | tail -n 4 | sed "s/^/  [make-data $k ${GEN_SPECS[$k]}] /" >>"$LOG"
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] || log "WARNING: make-data $k failed (rc $rc; see run.log)"
+    [ -f "$RUN/data-sd-$k/manifest.json" ] && sd_dirs+=("$RUN/data-sd-$k")
+done
 sd=$("$PY" -c 'import json, sys
-try: d = json.load(open(sys.argv[1]))
-except OSError: d = {"shards": []}
-s = d["shards"]; print(sum(x["num_sequences"] for x in s), sum(x["num_response_tokens"] for x in s))' "$RUN/data-sd/manifest.json")
+s = [x for p in sys.argv[1:] for x in json.load(open(p + "/manifest.json"))["shards"]]
+print(sum(x["num_sequences"] for x in s), sum(x["num_response_tokens"] for x in s))' "${sd_dirs[@]}")
 read -r sd_seqs sd_tokens <<<"$sd"
-log "self-distilled: $sd_seqs sequences, $sd_tokens response tokens (make-data rc $rc; 124 = stopped at its time share)"
-if [ "$sd_seqs" -gt 0 ]; then
-    DATA="$DATA,$RUN/data-sd:$SD_WEIGHT"  # the target's own answers weigh SD_WEIGHT times
+old_dirs=("$W"/data/sd-*)  # self-distilled data carried in the payload (prepare's SD_DATA): trained on, not returned
+[ -e "${old_dirs[0]:-}" ] || old_dirs=()
+gen_s=$(( $(date +%s) - gen_start ))
+log "self-distilled: $sd_seqs sequences, $sd_tokens response tokens in ${gen_s}s ($(( sd_tokens / (gen_s > 0 ? gen_s : 1) )) committed tokens/s)"
+log "self-distilled data from the payload: ${#old_dirs[@]} folder(s)"
+sd_dirs+=("${old_dirs[@]}")
+if [ "${#sd_dirs[@]}" -gt 0 ]; then
+    weighted=$(printf ",%s:$SD_WEIGHT" "${sd_dirs[@]}")
+    DATA="$DATA$weighted"  # the target's own answers weigh SD_WEIGHT times
     # AW=0: the self-distilled answers alone (continuing the shipped drafter on ShareGPT as written cost it math and
     # code tau in session 32)
-    [ "$AW" = 0 ] && DATA="$RUN/data-sd"
+    [ "$AW" = 0 ] && DATA=$(IFS=,; echo "${sd_dirs[*]}")
 fi
+sd_dirs=("${sd_dirs[@]:0:${#sd_dirs[@]}-${#old_dirs[@]}}")  # the ones made here, which come back
 log "training data: $DATA"
 
 # ------------------------------------------------------------------ 5. train (each variant in its own process)
@@ -324,6 +353,19 @@ done
 pack() { rm -f "$OUT"/drafter.tar.part-*; tar -C "$RUN/export-$1" --transform 's,^\.,drafter,' -cf - . | split -b 15M - "$OUT/drafter.tar.part-"; }
 first="${evaluated[0]%%:*}"
 pack "$first" || die "cannot pack the $first drafter"  # in $OUT before the eval can overrun
+# the self-distilled data comes back too where $OUT has room for it (<= 8 files, one kept for eval_tau.json):
+# cat data.tar.xz.part-* | tar -xJ  gives data-sd-K/ folders that train --data reads (RETURN_DATA=0: not packed)
+if [ "${RETURN_DATA:-1}" = 1 ] && [ "${#sd_dirs[@]}" -gt 0 ]; then
+    free=$(( 8 - 1 - $(find "$OUT" -type f | wc -l) ))
+    tar -C "$RUN" -cf - "${sd_dirs[@]#"$RUN"/}" | xz -T0 -6 -c | split -b 15M - "$OUT/data.tar.xz.part-"
+    pieces=$(find "$OUT" -name 'data.tar.xz.part-*' | wc -l)
+    if [ "$pieces" -gt "$free" ]; then
+        rm -f "$OUT"/data.tar.xz.part-*
+        log "the self-distilled data needs $pieces pieces of 15 MiB and \$OUT has room for $free: not returned"
+    else
+        log "self-distilled data packed: $pieces piece(s), $(du -cm "$OUT"/data.tar.xz.part-* | tail -n 1 | cut -f1) MB"
+    fi
+fi
 # every variant (and BASELINE) on EVAL_SETS in parallel processes; the trained one with the highest summed tau comes back
 evaluate_and_pick() {
     [ -z "${BASELINE:-}" ] || evaluated+=("baseline:${BASELINE/#@init/$W/init}")

@@ -816,6 +816,8 @@ def test_card_learning_curve_counts_a_new_run_on_from_the_last_point(tmp_path):
     assert grown[-1]["label"] == "fresh data" and grown[:1] == points
     with pytest.raises(SystemExit, match="session 19 is already in the curve"):
         mod.append_run(points, history, 19, "j", cores=2, label="", heldout=None)
+    on_gpu = mod.append_run(grown, history, 21, "gpu", cores=2, label="", heldout=None, gpu=True)
+    assert [(p["cpu_hours"], p["gpu_seconds"]) for p in on_gpu[-2:]] == [(3.04, 0.0), (3.04, 72.0)]
     mod.draw(grown, tmp_path / "curve.png", "test")
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -142,7 +142,7 @@ def _add_make_data(sub) -> None:
                    # building the parser stays free of torch)
                    help="loop (default): our batched loop, finished rows leave the batch; continuous: transformers' "
                    "continuous batching (model.generate_batch: paged cache, waiting prompts take finished rows' places, "
-                   "CUDA graphs on a GPU; greedy only, sizes its own batches, so --batch-size does not apply)")
+                   "CUDA graphs on a GPU; greedy only; --batch-size is how many requests its paged cache holds at once)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (matches greedy evaluation)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)

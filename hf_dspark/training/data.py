@@ -262,8 +262,8 @@ def generate_responses(
     engine "loop": batches hold prompts of similar lengths (sorted), and a row that finishes (EOS or max_new_tokens)
     leaves its batch at once, cache included, so no step is spent on finished rows (plain `generate()` keeps them
     until the longest row ends). engine "continuous": transformers' continuous batching (`model.generate_batch`:
-    paged KV cache, finished rows replaced by waiting prompts, CUDA graphs on a GPU; greedy only; it sizes its own
-    batches, so `settings.batch_size` does not apply)."""
+    paged KV cache, finished rows replaced by waiting prompts, CUDA graphs on a GPU; greedy only; its paged cache
+    holds `settings.batch_size` requests at once, so several processes can share one GPU)."""
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids), 0)
@@ -292,15 +292,21 @@ def _manager_freed_after(model, engine: str):
 
 def _continuous_batch(model, prompts: list[list[int]], settings: GenerationSettings, eos_ids: set, pad: int) -> list[list[int]]:
     """Greedy responses through transformers' continuous batching, in the order of `prompts` (EOS kept)."""
-    from transformers import GenerationConfig
+    from transformers import ContinuousBatchingConfig, GenerationConfig
 
     if settings.do_sample:
         raise DataError(CONTINUOUS_SAMPLING_REFUSED)
     config = GenerationConfig(max_new_tokens=settings.max_new_tokens, do_sample=False, eos_token_id=sorted(eos_ids),
                               pad_token_id=pad)
+    # the paged cache holds batch_size whole requests (left alone, transformers gives it 60-90% of the free GPU
+    # memory, and a second process on the same GPU runs out), and a forward takes at most 4 prompt-widths of tokens
+    page = ContinuousBatchingConfig().page_size
+    blocks = -(-settings.batch_size * (settings.max_prompt_tokens + settings.max_new_tokens) // page)
+    sizing = ContinuousBatchingConfig(num_blocks=blocks, max_batch_tokens=max(4 * settings.max_prompt_tokens, 512))
     # one manager for every shard of a run (make_data frees it at the end): its warmup, which captures CUDA graphs on a
     # GPU, then runs once per run rather than once per shard
-    results = list(model.generate_batch(prompts, generation_config=config, persistent_manager=True).values())  # in input order
+    results = list(model.generate_batch(prompts, generation_config=config, continuous_batching_config=sizing,
+                                        persistent_manager=True).values())  # in input order
     failed = [r.request_id for r in results if r.error is not None]
     if len(results) != len(prompts) or failed:
         raise DataError(f"continuous batching returned {len(results)} of {len(prompts)} responses (failed: {failed[:5]}); "
