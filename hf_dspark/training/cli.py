@@ -42,19 +42,26 @@ def _make_data(args) -> int:
         cache_hidden_states,
         decontaminate,
         last_of_shuffle,
+        later_turn_prompts,
         make_data,
+        read_conversations,
         read_prompts,
     )
 
     if args.as_written:
-        for flag, given in (("--heldout", args.heldout is not None), ("--start-prompt", args.start_prompt != 0)):
+        for flag, given in (("--heldout", args.heldout is not None), ("--start-prompt", args.start_prompt != 0),
+                            ("--later-turns", args.later_turns)):
             if given:
                 raise SystemExit(f"{flag} picks prompts to self-distill; --as-written reads whole conversations and "
                                  "cannot honour it. Drop one of them.")
         return _make_data_as_written(args)
     if args.engine == "continuous" and args.temperature > 0:
         raise SystemExit(CONTINUOUS_SAMPLING_REFUSED)  # before the target loads
-    prompts = read_prompts(args.prompts, fmt=args.format, field=args.field)
+    if args.later_turns:  # the conversations' second and later user turns, the turns before them as written
+        prompts = later_turn_prompts(read_conversations(args.prompts))
+        print(f"[make-data] {len(prompts)} later user turns of the conversations in {args.prompts}")
+    else:
+        prompts = read_prompts(args.prompts, fmt=args.format, field=args.field)
     if not args.no_decontaminate:
         prompts, dropped = decontaminate(prompts)
         print(f"[make-data] {len(prompts)} prompts ({dropped} dropped as GSM8K/HumanEval/MT-Bench-like)")
@@ -112,7 +119,12 @@ def _add_make_data(sub) -> None:
         description="Generate responses with the target itself (chat template, batched) and store token ids + "
         "loss masks in atomic shards. Rerunning the same command resumes where a killed run stopped.",
     )
-    p.add_argument("--prompts", required=True, help="JSONL (text field) or ShareGPT-style JSON; 'sharegpt' = the wheel's file")
+    p.add_argument("--prompts", required=True,
+                   help="JSONL (a text field, or a messages list ending with a user turn) or ShareGPT-style JSON; "
+                   "'sharegpt' = the wheel's file")
+    p.add_argument("--later-turns", action="store_true",
+                   help="answer the second and later user turns of the ShareGPT-style conversations in --prompts, the "
+                   "turns before them as written (by default a conversation gives its first user turn only)")
     p.add_argument("--format", default="auto", choices=["auto", "jsonl", "sharegpt"])
     p.add_argument("--field", default=None, help="JSONL field with the prompt (default text/prompt/instruction/question/input)")
     p.add_argument("--out", required=True, help="data directory (created; resumed if it exists)")

