@@ -36,8 +36,8 @@ def append_run(points: list[dict], history: list[dict], session: int, run: str, 
                heldout: str | None, gpu: bool = False) -> list[dict]:
     """The run's evaluations, counted on from the last point (its step, tokens and CPU-hours start at 0). A run on a
     GPU (`gpu`) adds its seconds to `gpu_seconds` instead of CPU-hours."""
-    if any(p["session"] == session for p in points):
-        raise SystemExit(f"session {session} is already in the curve; pick the next session number.")
+    if any((p["session"], p.get("run")) == (session, run) for p in points):
+        raise SystemExit(f"session {session}'s run {run} is already in the curve; pick the next session or run.")
     last = points[-1]
     new = []
     for h in history:
@@ -61,18 +61,18 @@ def append_run(points: list[dict], history: list[dict], session: int, run: str, 
 
 
 def draw(points: list[dict], path: Path, title: str) -> None:
-    """One line per session: held-out teacher-forced tau against cumulative training tokens."""
+    """One line per run: held-out teacher-forced tau against cumulative training tokens."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 6.0))
-    for session, group in itertools.groupby(points, key=lambda p: p["session"]):
+    for (session, run), group in itertools.groupby(points, key=lambda p: (p["session"], p.get("run"))):
         group = list(group)
         label = group[-1].get("label") or OLD_LABELS.get(session, "")
         ax.plot([p["tokens_seen"] / 1e6 for p in group], [p["eval_tau_tf"] for p in group], ".-",
-                label=f"session {session} ({label})")
+                label=f"session {session}, run {run} ({label})")
     ax.set_xlabel("cumulative training tokens (millions)")
     ax.set_ylabel("held-out tau, teacher-forced greedy")
     ax.set_title(title)

@@ -845,8 +845,8 @@ def test_card_learning_curve_counts_a_new_run_on_from_the_last_point(tmp_path):
     grown = mod.append_run(points, history, 20, "j", cores=2, label="fresh data", heldout=None)
     assert [(p["step"], p["tokens_seen"], p["cpu_hours"]) for p in grown[1:]] == [(100, 5000, 3.0), (120, 6600, 3.04)]
     assert grown[-1]["label"] == "fresh data" and grown[:1] == points
-    with pytest.raises(SystemExit, match="session 19 is already in the curve"):
-        mod.append_run(points, history, 19, "j", cores=2, label="", heldout=None)
+    with pytest.raises(SystemExit, match="session 19's run i is already in the curve"):
+        mod.append_run(points, history, 19, "i", cores=2, label="", heldout=None)
     on_gpu = mod.append_run(grown, history, 21, "gpu", cores=2, label="", heldout=None, gpu=True)
     assert [(p["cpu_hours"], p["gpu_seconds"]) for p in on_gpu[-2:]] == [(3.04, 0.0), (3.04, 72.0)]
     mod.draw(grown, tmp_path / "curve.png", "test")
