@@ -99,6 +99,9 @@ elif [ ! -f "$DATA_AW/manifest.json" ]; then
     HF_HUB_OFFLINE=1 nice -n 19 "$PY" -m hf_dspark.training.cli make-data --as-written --prompts sharegpt --out "$DATA_AW"
 fi
 
+for d in ${SD_DATA//,/ }; do  # before the key reads their manifests
+    [ -f "$d/manifest.json" ] || die "SD_DATA: $d holds no manifest.json (give make-data folders, e.g. a job's data-sd-K)"
+done
 key="$( { echo "format $FORMAT prompts $NUM_PROMPTS domain-v1 $PROMPT_MIX later $LATER_TURNS"; sha256sum "$REPO/scripts/make_domain_prompts.py"; stat -c '%n %s %Y' "$GGUF" "${WHEELS[@]}";
           sha256sum "$DATA_AW"/manifest.json; stat -c '%s' "$DATA_AW"/*.safetensors;
           for d in ${SD_DATA//,/ }; do sha256sum "$d"/manifest.json; done;
@@ -136,7 +139,6 @@ else
     rm -f "$STAGE"/data/data-aw/taps-*.safetensors  # an optional feature cache never travels
     k=0
     for d in ${SD_DATA//,/ }; do
-        [ -f "$d/manifest.json" ] || die "SD_DATA: $d holds no manifest.json (a make-data folder)"
         mkdir -p "$STAGE/data/sd-$k" && cp "$d"/manifest.json "$d"/shard-*.safetensors "$STAGE/data/sd-$k/"
         k=$((k + 1))
     done

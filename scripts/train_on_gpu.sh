@@ -277,15 +277,14 @@ old_dirs=("$W"/data/sd-*)  # self-distilled data carried in the payload (prepare
 gen_s=$(( $(date +%s) - gen_start ))
 log "self-distilled: $sd_seqs sequences, $sd_tokens response tokens in ${gen_s}s ($(( sd_tokens / (gen_s > 0 ? gen_s : 1) )) committed tokens/s)"
 log "self-distilled data from the payload: ${#old_dirs[@]} folder(s)"
-sd_dirs+=("${old_dirs[@]}")
-if [ "${#sd_dirs[@]}" -gt 0 ]; then
-    weighted=$(printf ",%s:$SD_WEIGHT" "${sd_dirs[@]}")
+train_dirs=("${sd_dirs[@]}" "${old_dirs[@]}")  # sd_dirs, made here, are the ones that come back
+if [ "${#train_dirs[@]}" -gt 0 ]; then
+    weighted=$(printf ",%s:$SD_WEIGHT" "${train_dirs[@]}")
     DATA="$DATA$weighted"  # the target's own answers weigh SD_WEIGHT times
     # AW=0: the self-distilled answers alone (continuing the shipped drafter on ShareGPT as written cost it math and
     # code tau in session 32)
-    [ "$AW" = 0 ] && DATA=$(IFS=,; echo "${sd_dirs[*]}")
+    [ "$AW" = 0 ] && DATA=$(IFS=,; echo "${train_dirs[*]}")
 fi
-sd_dirs=("${sd_dirs[@]:0:${#sd_dirs[@]}-${#old_dirs[@]}}")  # the ones made here, which come back
 log "training data: $DATA"
 
 # ------------------------------------------------------------------ 5. train (each variant in its own process)
