@@ -1,7 +1,7 @@
 """Grow and redraw the model card's learning curve across sessions.
 
 The card keeps every held-out evaluation of every run in `learning_curve.json` (cumulative steps, training tokens
-and CPU-hours) and draws it as `learning_curve.png`, one line per session. A run resumed from the last one adds its
+and CPU-hours) and draws it as `learning_curve.png`, one line per run. A run resumed from the last one adds its
 `history.json` with `--append`:
 
     python scripts/card_learning_curve.py --card model_cards/dspark-smollm2-135m-instruct \
@@ -87,7 +87,7 @@ def draw(points: list[dict], path: Path, title: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--card", type=Path, required=True, help="model card folder with learning_curve.json")
-    ap.add_argument("--append", type=Path, default=None, help="a run's history.json to add as the next session")
+    ap.add_argument("--append", type=Path, default=None, help="a run's history.json to add after the last run")
     ap.add_argument("--session", type=int, default=None)
     ap.add_argument("--run", default=None, help="the run's letter, as in the card's commands")
     ap.add_argument("--cores", type=int, default=2, help="cores the run trained on (CPU-hours = seconds x cores)")
