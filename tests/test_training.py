@@ -79,6 +79,21 @@ def test_losses_match_a_hand_computed_example():
     assert out3["loss"].item() == pytest.approx(math.log(2), abs=1e-6)
 
 
+def test_ce_against_the_target_argmax_ignores_the_data_token():
+    ln3 = math.log(3.0)
+    draft = torch.tensor([[[0.0, ln3], [ln3, 0.0]]])  # q = [.25, .75], [.75, .25]
+    target = torch.tensor([[[1.0, 0.0], [0.0, 2.0]]])  # argmax 0, then 1
+    sampled = torch.tensor([[1, 0]])  # a sampled answer's tokens: the other token at both slots
+    valid = torch.tensor([[True, True]])
+    on_target = _slots(draft, target, sampled, valid, None, LossWeights(ce=1.0, bce=0.0, kl=0.0, ce_label="target"))
+    on_data = _slots(draft, target, sampled, valid, None, LossWeights(ce=1.0, bce=0.0, kl=0.0))
+    assert on_target["ce"].item() == pytest.approx(math.log(4), abs=1e-6)  # -ln .25 at both slots
+    assert on_data["ce"].item() == pytest.approx(-math.log(0.75), abs=1e-6)
+    assert LossWeights(ce=1.0, bce=0.0, kl=0.0, ce_label="target").needs_target
+    with pytest.raises(ValueError, match="ce_label='argmax'"):
+        LossWeights(ce_label="argmax")
+
+
 def test_sparse_target_keeps_the_top_k_and_l1_counts_the_draft_mass_outside_it():
     target = torch.tensor([[[5.0, 4.0, -30.0, -30.0]]])  # mass outside the top 2 is ~1e-15
     draft = torch.tensor([[[0.0, 0.0, 0.0, 0.0]]])  # q uniform: 0.5 of its mass outside the target's top 2

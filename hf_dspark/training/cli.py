@@ -292,7 +292,9 @@ def _train(args) -> int:
     if args.paper_losses:
         weights = LossWeights.dflash() if dflash else LossWeights.paper()
     else:
-        weights = LossWeights(args.ce_weight, args.l1_weight, 0.0 if dflash else args.bce_weight, args.decay, args.kl_weight)
+        weights = LossWeights(
+            args.ce_weight, args.l1_weight, 0.0 if dflash else args.bce_weight, args.decay, args.kl_weight, args.ce_label
+        )
     cfg = TrainConfig(
         **_loop_config(args),
         batch_size=args.batch_size,
@@ -417,7 +419,10 @@ def _add_train(sub) -> None:
     p.add_argument("--random-init", action="store_const", const=True, default=None,
                    help="random drafter layers (default: start from the target's last layers, fc = identity on the last tap)")
     p.add_argument("--kl-weight", type=float, default=1.0, help="KL(target || draft) distillation loss")
-    p.add_argument("--ce-weight", type=float, default=0.0, help="cross-entropy on the data's next tokens")
+    p.add_argument("--ce-weight", type=float, default=0.0, help="cross-entropy on the greedy labels (--ce-label)")
+    p.add_argument("--ce-label", choices=["data", "target"], default="data",
+                   help="the cross-entropy's label: the data's next token (greedy self-distilled data: the target's "
+                   "greedy token) or the target's argmax there (sampled answers or text as written)")
     p.add_argument("--l1-weight", type=float, default=0.0, help="L1 between the two distributions (the paper's 0.9)")
     p.add_argument("--bce-weight", type=float, default=1.0, help="confidence head BCE against 1 - TV")
     p.add_argument("--paper-losses", action="store_true", help="the paper's mix 0.1 CE + 0.9 L1 + 1.0 BCE (DFlash: CE only)")

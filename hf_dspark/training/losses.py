@@ -34,6 +34,11 @@ class LossWeights:
     bce: float = 1.0
     decay: float = 4.0  # w_k = exp(-k / decay); 0 or inf = uniform
     kl: float = 1.0
+    ce_label: str = "data"  # CE against "data" (the data's next token) or "target" (the target's argmax there)
+
+    def __post_init__(self):
+        if self.ce_label not in ("data", "target"):
+            raise ValueError(f"ce_label={self.ce_label!r}: use 'data' (the data's next token) or 'target' (its argmax).")
 
     @classmethod
     def paper(cls) -> "LossWeights":
@@ -48,7 +53,7 @@ class LossWeights:
     @property
     def needs_target(self) -> bool:
         """Whether the losses read the target's distribution (KL, L1 or the BCE's soft label)."""
-        return bool(self.kl or self.l1 or self.bce)
+        return bool(self.kl or self.l1 or self.bce or (self.ce and self.ce_label == "target"))
 
 
 def position_weights(block_size: int, decay: float, device=None) -> torch.Tensor:
@@ -122,6 +127,8 @@ def dspark_losses(
     w = position_weights(block_size, weights.decay, draft_logits.device)[slot]  # [S]
     denom = w.sum().clamp_min(1e-8)
     ids, p = target if target is not None else (labels.clamp_min(0)[:, None], None)  # [S, k]
+    if weights.ce_label == "target" and target is not None:
+        labels = ids[:, 0]  # the target's argmax over the draft vocabulary: the greedy label on sampled data too
     if weights.ce and target is not None:
         ids = torch.cat([ids, labels.clamp_min(0)[:, None]], dim=-1)  # the label's logit rides along as column k
     lse, at, top = draft_log_softmax_at(draft_logits, ids)  # [S], [S, k(+1)], [S]
