@@ -26,7 +26,8 @@
 #   target   hf_dspark.targets converts the GGUF once (-> ~/.cache/hf_dspark/targets/smollm2-135m-instruct);
 #            its tensor digest is compared with the conversion made in prepare (same weights, or a loud warning).
 #   data     data-aw (pre-tokenized ShareGPT conversations, as written) + self-distilled responses generated now:
-#            GEN_PROCS make-data processes side by side ("engine:batch ..."), greedy, each on its own slice of
+#            GEN_PROCS make-data processes side by side ("engine:batch[:temperature] ..."; greedy unless a
+#            temperature is given, loop only: answers sampled along new paths, session 36), each on its own slice of
 #            prompts.jsonl into data-sd-K, stopped after $GEN_SECONDS (shards are atomic: whatever was committed is
 #            used; a continuous process that fails goes on with loop). On the H200 (session 34) four processes made
 #            11.1k committed tokens/s together: loop at batch 512 ~3.9k generated tokens/s each, continuous at 512
@@ -38,7 +39,8 @@
 #            VARIANTS="name:lr:init:flags ...": init = a drafter folder, @init (the payload's init/, see
 #            prepare_gpu_payload.sh's INIT_DRAFTER) or fresh (LAYERS layers); flags, comma-separated: dflash for the
 #            DFlash twin, ce to add cross-entropy on the greedy labels to the KL (--ce-weight 1.0: +0.04 summed tau
-#            over KL alone when continuing on self-distilled data, session 33).
+#            over KL alone when continuing on self-distilled data, session 33), cet for the same against the target's
+#            argmax (--ce-label target; for sampled answers, whose tokens are not the greedy labels).
 #   export   each drafter cast to bf16 (one model.safetensors, read back bit for bit); the one that comes back is a
 #            tar cut into 15 MiB pieces (the device returns files of <= 16 MiB; a 16384-row lm_head alone is 18 MiB).
 #   eval     `eval-tau` (greedy, bf16, full block, block 7) of every variant (and BASELINE, a drafter folder or
@@ -100,20 +102,29 @@ OUT="$(cd "$OUT" && pwd)"
 LOG="$OUT/run.log"
 log() { echo "[train_on_gpu +$(($(date +%s) - T0))s] $*" | tee -a "$LOG"; }
 die() { log "FAILED: $*"; exit 1; }
-# the train flags of one variant's comma-separated flags field (dflash, ce); an unknown flag: a message on stderr, rc 1
+# the train flags of one variant's comma-separated flags field (dflash, ce, cet); an unknown flag: a message on stderr, rc 1
 variant_flags() {
     local flag
     for flag in ${1//,/ }; do
         case "$flag" in
             dflash) echo --dflash ;;
             ce) echo --ce-weight 1.0 ;;
-            *) echo "unknown flag '$flag' in VARIANTS (name:lr:init:flags, flags from dflash,ce)" >&2; return 1 ;;
+            cet) echo --ce-weight 1.0 --ce-label target ;;
+            *) echo "unknown flag '$flag' in VARIANTS (name:lr:init:flags, flags from dflash,ce,cet)" >&2; return 1 ;;
         esac
     done
 }
 for spec in ${VARIANTS:-}; do  # refuse a bad flag before the setup, not after the data
     IFS=: read -r _ _ _ flags <<<"$spec"
     msg=$(variant_flags "$flags" 2>&1 >/dev/null) || die "$msg"
+done
+for spec in $GEN_PROCS; do  # engine:batch[:temperature]; transformers' continuous batching here is greedy only
+    IFS=: read -r engine _ temperature <<<"$spec"
+    case "$engine:${temperature:-0}" in
+        loop:*|continuous:0) ;;
+        continuous:*) die "GEN_PROCS '$spec': the continuous engine is greedy only; sample with loop:BATCH:TEMPERATURE" ;;
+        *) die "GEN_PROCS '$spec': use engine:batch[:temperature] with engine loop or continuous" ;;
+    esac
 done
 left() { echo $((DEADLINE - $(date +%s))); }
 
@@ -234,30 +245,31 @@ DATA="$W/data/data-aw"
 # GEN_PROMPTS prompts into data-sd-K (one process leaves the GPU idle between its small kernels)
 read -r -a GEN_SPECS <<<"$GEN_PROCS"
 NGEN=${#GEN_SPECS[@]}
-log "self-distillation: ${GEN_SPECS[*]} (engine:batch) side by side over $GEN_PROMPTS prompts, $GEN_SHARD per shard, at most ${GEN_SECONDS}s"
+log "self-distillation: ${GEN_SPECS[*]} (engine:batch[:temperature]) side by side over $GEN_PROMPTS prompts, $GEN_SHARD per shard, at most ${GEN_SECONDS}s"
 gen_start=$(date +%s)
 gen_end=$(( gen_start + GEN_SECONDS ))
-make_sd() {  # K SECONDS ENGINE BATCH; the shards are atomic and a rerun resumes (the engine is not a data setting)
+make_sd() {  # K SECONDS ENGINE BATCH TEMPERATURE; the shards are atomic and a rerun resumes (the engine is not a data setting)
     timeout --kill-after=10 "$2" "${CLI[@]}" make-data --prompts "$W/prompts.jsonl" --out "$RUN/data-sd-$1" --engine "$3" \
         --start-prompt $(( GEN_PROMPTS * $1 / NGEN )) --max-prompts $(( GEN_PROMPTS * ($1 + 1) / NGEN )) \
         --batch-size "$4" --prompts-per-shard "$GEN_SHARD" --max-new-tokens "$GEN_MAX_NEW" --dtype bfloat16 \
-        --max-prompt-tokens "${GEN_MAX_PROMPT:-384}" \
+        --max-prompt-tokens "${GEN_MAX_PROMPT:-384}" --temperature "$5" --seed "$1" \
         --no-decontaminate >>"$RUN/make-data-$1.log" 2>&1  # decontaminated in prepare
 }
-gen_proc() {  # K ENGINE BATCH: make_sd until gen_end; where an engine other than loop fails, loop for the time left
-    make_sd "$1" "$GEN_SECONDS" "$2" "$3"
+gen_proc() {  # K ENGINE BATCH TEMPERATURE: make_sd until gen_end; where an engine other than loop fails, loop for the time left
+    make_sd "$1" "$GEN_SECONDS" "$2" "$3" "$4"
     local rc=$? rest
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && [ "$2" != loop ]; then
         rest=$(( gen_end - $(date +%s) ))
         log "make-data $1 --engine $2 failed (rc $rc, see make-data-$1.log): --engine loop for the ${rest}s left"
         rc=124
-        [ "$rest" -le 5 ] || { make_sd "$1" "$rest" loop "$3"; rc=$?; }
+        [ "$rest" -le 5 ] || { make_sd "$1" "$rest" loop "$3" "$4"; rc=$?; }
     fi
     return "$rc"
 }
 pids=()
 for k in "${!GEN_SPECS[@]}"; do
-    gen_proc "$k" "${GEN_SPECS[$k]%%:*}" "${GEN_SPECS[$k]##*:}" &
+    IFS=: read -r engine batch temperature <<<"${GEN_SPECS[$k]}"
+    gen_proc "$k" "$engine" "$batch" "${temperature:-0}" &
     pids+=($!)
 done
 sd_dirs=()
