@@ -248,11 +248,13 @@ NGEN=${#GEN_SPECS[@]}
 log "self-distillation: ${GEN_SPECS[*]} (engine:batch[:temperature]) side by side over $GEN_PROMPTS prompts, $GEN_SHARD per shard, at most ${GEN_SECONDS}s"
 gen_start=$(date +%s)
 gen_end=$(( gen_start + GEN_SECONDS ))
-make_sd() {  # K SECONDS ENGINE BATCH TEMPERATURE; the shards are atomic and a rerun resumes (the engine is not a data setting)
+# K SECONDS ENGINE BATCH TEMPERATURE; the shards are atomic and a rerun resumes (the engine is not a data setting). All
+# processes keep make-data's default --seed: it also seeds the prompt shuffle that --start-prompt/--max-prompts slice
+make_sd() {
     timeout --kill-after=10 "$2" "${CLI[@]}" make-data --prompts "$W/prompts.jsonl" --out "$RUN/data-sd-$1" --engine "$3" \
         --start-prompt $(( GEN_PROMPTS * $1 / NGEN )) --max-prompts $(( GEN_PROMPTS * ($1 + 1) / NGEN )) \
         --batch-size "$4" --prompts-per-shard "$GEN_SHARD" --max-new-tokens "$GEN_MAX_NEW" --dtype bfloat16 \
-        --max-prompt-tokens "${GEN_MAX_PROMPT:-384}" --temperature "$5" --seed "$1" \
+        --max-prompt-tokens "${GEN_MAX_PROMPT:-384}" --temperature "$5" \
         --no-decontaminate >>"$RUN/make-data-$1.log" 2>&1  # decontaminated in prepare
 }
 gen_proc() {  # K ENGINE BATCH TEMPERATURE: make_sd until gen_end; where an engine other than loop fails, loop for the time left

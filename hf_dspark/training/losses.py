@@ -52,7 +52,7 @@ class LossWeights:
 
     @property
     def needs_target(self) -> bool:
-        """Whether the losses read the target's distribution (KL, L1 or the BCE's soft label)."""
+        """Whether the losses read the target's distribution (KL, L1, the BCE's soft label or the CE's target label)."""
         return bool(self.kl or self.l1 or self.bce or (self.ce and self.ce_label == "target"))
 
 
