@@ -127,15 +127,17 @@ def dspark_losses(
     w = position_weights(block_size, weights.decay, draft_logits.device)[slot]  # [S]
     denom = w.sum().clamp_min(1e-8)
     ids, p = target if target is not None else (labels.clamp_min(0)[:, None], None)  # [S, k]
+    label_col = -1  # the CE label's column in `at`
     if weights.ce_label == "target" and target is not None:
-        labels = ids[:, 0]  # the target's argmax over the draft vocabulary: the greedy label on sampled data too
-    if weights.ce and target is not None:
+        # the target's argmax over the draft vocabulary (the greedy label on sampled data too), already column 0
+        labels, label_col = ids[:, 0], 0
+    elif weights.ce and target is not None:
         ids = torch.cat([ids, labels.clamp_min(0)[:, None]], dim=-1)  # the label's logit rides along as column k
     lse, at, top = draft_log_softmax_at(draft_logits, ids)  # [S], [S, k(+1)], [S]
     zero = lse.new_zeros(())
     out = {"ce": zero, "l1": zero, "bce": zero, "kl": zero, "soft_accept": zero}
     if weights.ce:
-        ce = lse - at[:, -1]
+        ce = lse - at[:, label_col]
         w_ce = w * (labels >= 0)
         out["ce"] = (ce * w_ce).sum() / w_ce.sum().clamp_min(1e-8)
     reference = labels
