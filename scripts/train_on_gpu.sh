@@ -119,7 +119,9 @@ for spec in ${VARIANTS:-}; do  # refuse a bad flag before the setup, not after t
     msg=$(variant_flags "$flags" 2>&1 >/dev/null) || die "$msg"
 done
 for spec in $GEN_PROCS; do  # engine:batch[:temperature]; transformers' continuous batching here is greedy only
-    IFS=: read -r engine _ temperature <<<"$spec"
+    IFS=: read -r engine batch temperature <<<"$spec"
+    [[ $batch =~ ^[1-9][0-9]*$ && ${temperature:-0} =~ ^[0-9]*\.?[0-9]+$ ]] \
+        || die "GEN_PROCS '$spec': the batch must be a whole number >= 1 and the temperature a number >= 0 (e.g. loop:512:0.7)"
     case "$engine:${temperature:-0}" in
         loop:*|continuous:0) ;;
         continuous:*) die "GEN_PROCS '$spec': the continuous engine is greedy only; sample with loop:BATCH:TEMPERATURE" ;;
@@ -241,7 +243,7 @@ fi
 RUN="$W/run"
 rm -rf "$RUN" && mkdir -p "$RUN"
 DATA="$W/data/data-aw"
-# GEN_PROCS: make-data processes side by side on the GPU ("engine:batch ..."), each over its own slice of the first
+# GEN_PROCS: make-data processes side by side on the GPU ("engine:batch[:temperature] ..."), each over its own slice of the first
 # GEN_PROMPTS prompts into data-sd-K (one process leaves the GPU idle between its small kernels)
 read -r -a GEN_SPECS <<<"$GEN_PROCS"
 NGEN=${#GEN_SPECS[@]}
