@@ -422,6 +422,7 @@ def test_later_turns_answer_a_conversation_in_its_middle(tiny, tmp_path):
     ]))
     prompts = data_mod.later_turn_prompts(data_mod.read_conversations(convs))
     assert [[m["content"] for m in p] for p in prompts] == [turns[:3], turns[:5]]
+    assert data_mod.later_turn_prompts(data_mod.read_conversations(convs), leave_out={"hello there"}) == []  # held out
     lines = tmp_path / "p.jsonl"
     lines.write_text("".join(json.dumps({"messages": p}) + "\n" for p in prompts) + json.dumps({"text": "foo bar"}) + "\n")
     assert read_prompts(lines) == [*prompts, "foo bar"]

@@ -58,8 +58,11 @@ def _make_data(args) -> int:
     if args.engine == "continuous" and args.temperature > 0:
         raise SystemExit(CONTINUOUS_SAMPLING_REFUSED)  # before the target loads
     if args.later_turns:  # the conversations' second and later user turns, the turns before them as written
-        prompts = later_turn_prompts(read_conversations(args.prompts))
-        print(f"[make-data] {len(prompts)} later user turns of the conversations in {args.prompts}")
+        from .evaluate import HELDOUT_POOL, heldout_prompts
+
+        prompts = later_turn_prompts(read_conversations(args.prompts), leave_out=heldout_prompts(HELDOUT_POOL))
+        print(f"[make-data] {len(prompts)} later user turns of the conversations in {args.prompts} (none of the "
+              f"{HELDOUT_POOL} held-out ShareGPT conversations)")
     else:
         prompts = read_prompts(args.prompts, fmt=args.format, field=args.field)
     if not args.no_decontaminate:
@@ -96,7 +99,10 @@ def _make_data(args) -> int:
 def _make_data_as_written(args) -> int:
     from .data import decontaminate, make_data_as_written, read_conversations
 
-    conversations = read_conversations(args.prompts)
+    from .evaluate import HELDOUT_POOL, heldout_prompts
+
+    held = set(heldout_prompts(HELDOUT_POOL))
+    conversations = [c for c in read_conversations(args.prompts) if c[0]["content"] not in held]
     if not args.no_decontaminate:
         first = [c[0]["content"] for c in conversations]
         kept = set(decontaminate(first)[0])
@@ -124,7 +130,8 @@ def _add_make_data(sub) -> None:
                    "'sharegpt' = the wheel's file")
     p.add_argument("--later-turns", action="store_true",
                    help="answer the second and later user turns of the ShareGPT-style conversations in --prompts, the "
-                   "turns before them as written (by default a conversation gives its first user turn only)")
+                   "turns before them as written (by default a conversation gives its first user turn only); the held-out "
+                   "ShareGPT conversations are left out")
     p.add_argument("--format", default="auto", choices=["auto", "jsonl", "sharegpt"])
     p.add_argument("--field", default=None, help="JSONL field with the prompt (default text/prompt/instruction/question/input)")
     p.add_argument("--out", required=True, help="data directory (created; resumed if it exists)")
@@ -164,7 +171,8 @@ def _add_make_data(sub) -> None:
     p.add_argument("--cache-hidden", action="store_true", help="also cache bf16 taps + final hidden states (prints size)")
     p.add_argument("--as-written", action="store_true",
                    help="take the conversations as written (ShareGPT-style file; no generation): the training labels "
-                   "come from the target's forward over the text (EAGLE-1's recipe). Millions of tokens in minutes.")
+                   "come from the target's forward over the text (EAGLE-1's recipe). Millions of tokens in minutes. The "
+                   "held-out ShareGPT conversations are left out.")
     p.add_argument("--max-tokens", type=int, default=512, help="--as-written: cut each conversation at this many tokens")
     p.set_defaults(func=_make_data)
 

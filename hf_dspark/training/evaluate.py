@@ -21,6 +21,11 @@ def chat_inputs(tokenizer, prompts: list[str]) -> dict[str, torch.Tensor]:
     return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
 
+HELDOUT_POOL = 256
+"""The held-out ShareGPT prompts are the last 256 first turns of make-data's seeded shuffle: `eval-tau --sets heldout`
+and `calibrate` take theirs from this tail, and `make-data --later-turns` leaves these conversations out."""
+
+
 def heldout_prompts(n: int, seed: int = 0, source: str = "sharegpt") -> list[str]:
     """Prompts never used by make-data runs with --max-prompts below len - n: the last n of the same seeded
     shuffle make-data uses (after decontamination)."""
