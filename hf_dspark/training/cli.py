@@ -98,11 +98,12 @@ def _make_data(args) -> int:
 
 def _make_data_as_written(args) -> int:
     from .data import decontaminate, make_data_as_written, read_conversations
-
     from .evaluate import HELDOUT_POOL, heldout_prompts
 
     held = set(heldout_prompts(HELDOUT_POOL))
     conversations = [c for c in read_conversations(args.prompts) if c[0]["content"] not in held]
+    print(f"[make-data] {len(conversations)} conversations in {args.prompts} (none of the {HELDOUT_POOL} held-out "
+          "ShareGPT conversations)")
     if not args.no_decontaminate:
         first = [c[0]["content"] for c in conversations]
         kept = set(decontaminate(first)[0])
