@@ -156,6 +156,7 @@ stage, n, gguf, repo, mix = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3
 later = int(sys.argv[6])
 sys.path.insert(0, str(repo))
 from hf_dspark.training.data import decontaminate, later_turn_prompts, read_conversations, read_prompts
+from hf_dspark.training.evaluate import HELDOUT_POOL, drop_heldout_conversations
 from hf_dspark.targets import target_folder
 sys.path.insert(0, str(repo / "scripts"))
 from make_domain_prompts import domain_prompts
@@ -170,15 +171,15 @@ if mix:  # "math=3000,chat=7000,seed=34": those domain prompts alone
 else:
     prompts, dropped = decontaminate(read_prompts("sharegpt"))
     order = list(range(len(prompts)))
-    random.Random(0).shuffle(order)  # heldout_prompts(n) takes the last n of this order: keep the last 256 out
-    chosen = [prompts[i] for i in order[: len(order) - 256] if len(prompts[i]) <= 4000][:n]
+    random.Random(0).shuffle(order)  # heldout_prompts(n) takes the last n of this order: keep the last HELDOUT_POOL out
+    chosen = [prompts[i] for i in order[: len(order) - HELDOUT_POOL] if len(prompts[i]) <= 4000][:n]
     # eval-like domains first among equals: math word problems and standard-library stubs alternate with ShareGPT turns
     domain, _ = decontaminate(domain_prompts(math=1500, code=1500, seed=0))
     mixed = [p for pair in zip(domain, chosen) for p in pair] + chosen[len(domain):]
     chosen = mixed[:n]
     source = "sharegpt (first human turns) alternating with domain_prompts(math=1500, code=1500, seed=0)"
 if later:  # ShareGPT's later user turns, the turns before them as written (make-data reads `messages` lines)
-    turns, dropped_turns = decontaminate(later_turn_prompts(read_conversations("sharegpt")))
+    turns, dropped_turns = decontaminate(later_turn_prompts(drop_heldout_conversations(read_conversations("sharegpt"))))
     random.Random(1).shuffle(turns)
     chosen, dropped = chosen + turns[:later], dropped + dropped_turns
     source += f" + {min(later, len(turns))} ShareGPT later user turns (make-data --later-turns)"

@@ -5,7 +5,7 @@ greedy tau 3.5 on them against 2.6 on GSM8K (`bench_results/s38/`). No PyPI whee
 than GSM8K's test split (searched in session 39), so this script asks Qwen2.5-Coder-0.5B-Instruct (a wheel target) to
 write problems from a random topic, name, skill and number of steps, sampled at temperature 0.8. It keeps the text
 up to the first blank line when that ends with a question, drops duplicates and anything that talks about "steps"
-(the model tends to echo the instruction), and appends JSONL lines with a `text` field, ready for
+(the model tends to echo the instruction), and adds JSONL lines with a `text` field, ready for
 `hf-dspark make-data --prompts FILE` (which decontaminates them against GSM8K, HumanEval and MT-Bench). The file is
 rewritten atomically after every batch; rerunning the same command resumes and stops at --num-problems written
 (before cleaning; the count is kept beside it in FILE.written).

@@ -16,6 +16,7 @@ from _tiny_models import MASK_ID, tiny_drafter, tiny_target, tiny_tokenizer
 from hf_dspark.training import data as data_mod
 from hf_dspark.training.cli import _eval_dataset, add_subcommands
 from hf_dspark.training.data import DataError, GenerationSettings, TokenDataset, last_of_shuffle, make_data, read_prompts
+from hf_dspark.training.evaluate import drop_heldout_conversations
 from hf_dspark.training.losses import (
     LossWeights,
     draft_log_softmax_at,
@@ -422,7 +423,8 @@ def test_later_turns_answer_a_conversation_in_its_middle(tiny, tmp_path):
     ]))
     prompts = data_mod.later_turn_prompts(data_mod.read_conversations(convs))
     assert [[m["content"] for m in p] for p in prompts] == [turns[:3], turns[:5]]
-    assert data_mod.later_turn_prompts(data_mod.read_conversations(convs), leave_out={"hello there"}) == []  # held out
+    kept = drop_heldout_conversations(data_mod.read_conversations(convs), held={"hello there"})
+    assert data_mod.later_turn_prompts(kept) == [] and [m["content"] for m in kept[0]] == ["qq rr", "ss"]  # held out
     lines = tmp_path / "p.jsonl"
     lines.write_text("".join(json.dumps({"messages": p}) + "\n" for p in prompts) + json.dumps({"text": "foo bar"}) + "\n")
     assert read_prompts(lines) == [*prompts, "foo bar"]

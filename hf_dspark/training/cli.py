@@ -58,9 +58,9 @@ def _make_data(args) -> int:
     if args.engine == "continuous" and args.temperature > 0:
         raise SystemExit(CONTINUOUS_SAMPLING_REFUSED)  # before the target loads
     if args.later_turns:  # the conversations' second and later user turns, the turns before them as written
-        from .evaluate import HELDOUT_POOL, heldout_prompts
+        from .evaluate import HELDOUT_POOL, drop_heldout_conversations
 
-        prompts = later_turn_prompts(read_conversations(args.prompts), leave_out=heldout_prompts(HELDOUT_POOL))
+        prompts = later_turn_prompts(drop_heldout_conversations(read_conversations(args.prompts)))
         print(f"[make-data] {len(prompts)} later user turns of the conversations in {args.prompts} (none of the "
               f"{HELDOUT_POOL} held-out ShareGPT conversations)")
     else:
@@ -98,10 +98,9 @@ def _make_data(args) -> int:
 
 def _make_data_as_written(args) -> int:
     from .data import decontaminate, make_data_as_written, read_conversations
-    from .evaluate import HELDOUT_POOL, heldout_prompts
+    from .evaluate import HELDOUT_POOL, drop_heldout_conversations
 
-    held = set(heldout_prompts(HELDOUT_POOL))
-    conversations = [c for c in read_conversations(args.prompts) if c[0]["content"] not in held]
+    conversations = drop_heldout_conversations(read_conversations(args.prompts))
     print(f"[make-data] {len(conversations)} conversations in {args.prompts} (none of the {HELDOUT_POOL} held-out "
           "ShareGPT conversations)")
     if not args.no_decontaminate:

@@ -25,7 +25,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Collection, Iterator
+from typing import Iterator
 
 import torch
 from safetensors import safe_open
@@ -164,13 +164,10 @@ def _checked_messages(messages: object, where: str) -> list[dict]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def later_turn_prompts(conversations: list[list[dict]], leave_out: Collection[str] = ()) -> list[list[dict]]:
+def later_turn_prompts(conversations: list[list[dict]]) -> list[list[dict]]:
     """Every second and later user turn of the conversations, with the turns before it as written: prompts for the
-    target's own answers in the middle of real conversations (MT-Bench's second turns are of that kind). A
-    conversation whose first user turn is in `leave_out` (the held-out prompts) gives none."""
-    leave_out = set(leave_out)
-    return [conv[: j + 1] for conv in conversations if conv[0]["content"] not in leave_out
-            for j in range(2, len(conv), 2) if conv[j]["role"] == "user"]
+    target's own answers in the middle of real conversations (MT-Bench's second turns are of that kind)."""
+    return [conv[: j + 1] for conv in conversations for j in range(2, len(conv), 2) if conv[j]["role"] == "user"]
 
 
 def _prompt_text(prompt: Prompt) -> str:

@@ -7,6 +7,8 @@ per-position acceptance and the per-step confidence logits / accepted / verified
 
 from __future__ import annotations
 
+from typing import Collection
+
 import torch
 from transformers import PreTrainedModel
 
@@ -23,7 +25,8 @@ def chat_inputs(tokenizer, prompts: list[str]) -> dict[str, torch.Tensor]:
 
 HELDOUT_POOL = 256
 """The held-out ShareGPT prompts are the last 256 first turns of make-data's seeded shuffle: `eval-tau --sets heldout`
-and `calibrate` take theirs from this tail, and `make-data --later-turns` leaves these conversations out."""
+and `calibrate` take theirs from this tail, and training data built from whole conversations leaves these out
+(`drop_heldout_conversations`)."""
 
 
 def heldout_prompts(n: int, seed: int = 0, source: str = "sharegpt") -> list[str]:
@@ -31,6 +34,13 @@ def heldout_prompts(n: int, seed: int = 0, source: str = "sharegpt") -> list[str
     shuffle make-data uses (after decontamination)."""
     prompts, _ = decontaminate(read_prompts(source))
     return last_of_shuffle(prompts, n, seed)
+
+
+def drop_heldout_conversations(conversations: list[list[dict]], held: Collection[str] | None = None) -> list[list[dict]]:
+    """The conversations less those that open with a held-out prompt (`held`; by default the HELDOUT_POOL held-out
+    ShareGPT prompts): make-data --later-turns and --as-written train on every turn of what is left."""
+    held = set(heldout_prompts(HELDOUT_POOL) if held is None else held)
+    return [conv for conv in conversations if conv[0]["content"] not in held]
 
 
 def eval_set(name: str, n: int) -> list[str]:
