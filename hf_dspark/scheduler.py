@@ -652,15 +652,18 @@ class AdaptiveVerification(VerifyPolicy):
       drafts the full block (~5 plain steps at batch 64).
     Every choice uses earlier steps only: exact.
 
-    With `carry_over=True`, `reset()` keeps the survival and the probe interval, so the next generate call
-    starts from what the last one measured (as an engine's scheduler would); earlier calls are still the past,
-    so this stays exact. The measured step costs are always kept.
+    A new generate call (`reset()`) is a new text: the last call's skip run and probe schedule go, and so does
+    its last drafted step's survival when there is a prior (the next decision starts from the prior). The last
+    step of a call says little about the next prompt: carried over, a text that ended on doubted drafts made the
+    demo's next calls of its code prompt run 40 and 52 of their steps plain (`bench_results/s40`). With `carry_over=True`, what
+    verification found (rho) stays and scales the prior too, and without a prior the last survival stands in for
+    it; earlier calls are still the past, so this stays exact. The measured step costs are always kept.
 
     Args:
         table: the device's step table (the prior of the step costs).
         temperatures: [B] calibration temperatures of the confidence head (None: uncalibrated).
         probe_every, max_probe_every: skipped steps before the first probe, and the cap of its doubling.
-        carry_over: keep survival and probe state across generate calls.
+        carry_over: keep what verification found (rho; without a prior, the last survival) across generate calls.
         costs: the step-cost model (default `StepCosts(table)`, learning from the loop's timings).
         acceptance_window: drafted steps whose accepted / predicted drafts correct the survival (0: no correction).
         prior_survival: [B] survival assumed until a step has drafted (None: the first step drafts the full block).
@@ -717,11 +720,12 @@ class AdaptiveVerification(VerifyPolicy):
         self._outcomes: deque[tuple[float, int]] = deque(maxlen=acceptance_window)  # (predicted, accepted) per drafted step
 
     def reset(self) -> None:
-        self._skip_run = None
+        self._skip_run, self._decision = None, None
+        self._skipped, self._skipped_s, self._interval, self._probes = 0, 0.0, self.probe_every, 0
         if not self.carry_over:
-            self._survival, self._decision = None, None
-            self._skipped, self._skipped_s, self._interval, self._probes = 0, 0.0, self.probe_every, 0
             self._outcomes.clear()
+        if not self.carry_over or self.prior_survival is not None:
+            self._survival = None
 
     @property
     def acceptance_ratio(self) -> float:
@@ -785,16 +789,18 @@ class AdaptiveVerification(VerifyPolicy):
         return probe if seconds[probe] - seconds[0] <= allowance else 0
 
     def _decision_survival(self, block_size: int) -> list[float] | None:
-        """The mean survival [B] the next decision uses: the latest drafted step's, scaled by rho (capped at 1), or
-        the prior until a step has drafted (the drafter's held-out tau says what to expect); None when neither fits
-        the block. Kept until a drafted step changes it (plain steps reuse it)."""
+        """The mean survival [B] the next decision uses: the latest drafted step's of this call, or the prior until
+        one has drafted (the drafter's held-out tau says what to expect), scaled by rho (capped at 1); None when
+        neither fits the block. Kept until a drafted step changes it (plain steps reuse it)."""
         if self._decision is not None and self._decision[0] == block_size:
             return self._decision[1]
-        s = None
+        s = None  # [R' or 1, B]
         if self._survival is not None and self._survival.shape[1] == block_size:
-            s = (np.minimum(self._survival * self.acceptance_ratio, 1.0) if self._outcomes else self._survival).mean(0).tolist()
+            s = self._survival
         elif self.prior_survival is not None and self.prior_survival.shape[1] == block_size:
-            s = self.prior_survival[0].tolist()
+            s = self.prior_survival.numpy()
+        if s is not None:
+            s = (np.minimum(s * self.acceptance_ratio, 1.0) if self._outcomes else s).mean(0).tolist()
         self._decision = (block_size, s)
         return s
 

@@ -236,6 +236,28 @@ def test_adaptive_skips_drafting_when_it_does_not_pay_and_probes_with_backoff():
         AdaptiveVerification(table, probe_every=0)
 
 
+def test_a_new_call_starts_from_the_prior_not_from_the_last_calls_tail():
+    """With a prior, a carried-over scheduler does not let the last drafted step of one text (a tail that drafted
+    badly) make the next call skip; what verification found (rho) is carried and scales the prior."""
+    table = StepTimeTable([1, 8], [10.0, 9.0], max_batch_tokens=64)
+    costs = FixedStepCosts([0.1] + [0.1 + 0.02 * L for L in range(1, 8)])
+    weak, confident = torch.full((1, 7), -8.0), torch.full((1, 7), 4.0)
+    policy = AdaptiveVerification(table, costs=costs, carry_over=True, prior_survival=geometric_survival(3.0, 7))
+    depth = policy.draft_depth(1, 7)
+    assert depth > 0  # the prior (held-out tau 3) says drafting pays
+    policy.lengths(weak[:, :depth], depth)  # the call ends on drafts that will not survive...
+    policy.observe_step(1, depth, 0.2, 0.02, accepted=torch.zeros(1, dtype=torch.int64))  # ...as predicted: rho ~ 1
+    assert policy.draft_depth(1, 7) == 0  # the rest of this call skips
+    policy.reset()
+    assert policy.draft_depth(1, 7) == depth  # the next text starts from the prior again
+    policy.lengths(confident[:, :depth], depth)
+    for _ in range(4):  # drafts the head was sure of and verification rejected: rho ~ 0.04
+        policy.observe_step(1, depth, 0.2, 0.02, accepted=torch.zeros(1, dtype=torch.int64))
+    assert policy.acceptance_ratio < 0.1
+    policy.reset()
+    assert policy.draft_depth(1, 7) == 0  # carried: the prior scaled by rho says skip
+
+
 def test_a_clear_skip_stands_for_a_few_steps_and_a_close_one_is_repriced_every_step():
     """Between drafted steps only the prices move: a skip that drafting misses by more than 10% is re-priced every
     SKIP_RECHECK steps (cheap plain steps), a closer one every step; either way drafting resumes once it pays."""
