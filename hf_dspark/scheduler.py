@@ -655,9 +655,10 @@ class AdaptiveVerification(VerifyPolicy):
     A new generate call (`reset()`) is a new text: the last call's skip run and probe schedule go, and so does
     its last drafted step's survival when there is a prior (the next decision starts from the prior). The last
     step of a call says little about the next prompt: carried over, a text that ended on doubted drafts made the
-    demo's next calls of its code prompt run 40 and 52 of their steps plain (`bench_results/s40`). With `carry_over=True`, what
-    verification found (rho) stays and scales the prior too, and without a prior the last survival stands in for
-    it; earlier calls are still the past, so this stays exact. The measured step costs are always kept.
+    demo's next calls of its code prompt run 40 and 52 of their steps plain (`bench_results/s40`). With
+    `carry_over=True`, what verification found (rho) stays and scales the prior too, and without a prior the last
+    survival stands in for it; earlier calls are still the past, so this stays exact. The measured step costs are
+    always kept.
 
     Args:
         table: the device's step table (the prior of the step costs).
