@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -116,12 +117,8 @@ def speed_run(model, tok, drafter, policies: dict[str, dict], label: str, prompt
         out = runs[policy]()
         shown = shown or (out, drafter.last_stats)  # text and acceptance of the full block
         taus[policy] = drafter.last_stats.mean_accepted_length
-    seconds = {contender: [] for contender in runs}
-    for _ in range(REPEATS):
-        for contender, run in runs.items():
-            seconds[contender].append(timed(run))
-    t_plain = statistics.median(seconds.pop("plain"))
-    times = {policy: statistics.median(s) for policy, s in seconds.items()}
+    times = medians_in_turn(runs, REPEATS)
+    t_plain = times.pop("plain")
     out, stats = shown
     prompt_len = enc["input_ids"].shape[1]
     same = first_difference(out[0, prompt_len:], ref[0, prompt_len:])
@@ -184,6 +181,16 @@ def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def medians_in_turn(runs: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """The median seconds of each run over `repeats` rounds, every round calling the runs in turn (so a drifting
+    machine weighs on all of them alike)."""
+    seconds = {key: [] for key in runs}
+    for _ in range(repeats):
+        for key, run in runs.items():
+            seconds[key].append(timed(run))
+    return {key: statistics.median(s) for key, s in seconds.items()}
 
 
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:

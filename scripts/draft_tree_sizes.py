@@ -15,9 +15,7 @@ its width on the device (`hf-dspark profile` shows that curve).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -65,13 +63,7 @@ def main() -> int:
             run()
             if key != "plain":
                 taus[key] = drafter.last_stats.mean_accepted_length
-        seconds = {key: [] for key in runs}
-        for _ in range(args.repeats):
-            for key, run in runs.items():
-                t0 = time.perf_counter()
-                run()
-                seconds[key].append(time.perf_counter() - t0)
-        med = {key: statistics.median(v) for key, v in seconds.items()}
+        med = demo.medians_in_turn(runs, args.repeats)
         for key in med:
             total[key] += med[key]
         print(f"{name:5s} plain {med['plain']:.2f} s | " + " | ".join(

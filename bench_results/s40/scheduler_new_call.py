@@ -9,9 +9,7 @@ REPEATS timed runs taken in turn (plain generate(), the full block, before, afte
 
     OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 python bench_results/s40/scheduler_new_call.py
 """
-import statistics
 import sys
-import time
 
 import numpy as np
 import torch
@@ -78,13 +76,7 @@ def main() -> None:
         }
         for run in runs.values():
             run()  # warm-up
-        seconds = {c: [] for c in runs}
-        for _ in range(REPEATS):
-            for c, run in runs.items():
-                t0 = time.perf_counter()
-                run()
-                seconds[c].append(time.perf_counter() - t0)
-        med = {c: statistics.median(s) for c, s in seconds.items()}
+        med = demo.medians_in_turn(runs, REPEATS)
         for c in totals:
             totals[c] += med[c]
         print(f"{label}: plain {med['plain']:.2f} s; " + "; ".join(
