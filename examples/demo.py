@@ -7,8 +7,9 @@
    warm-up each timed three times in turn in the same run (medians), DSpark three ways: verifying the drafter's
    chain of 7 drafts (the full block) at every step; with the DSpark scheduler, which decides at every step how many
    of them to verify (0: a plain step) from this device's step-time table (on first use the demo profiles the table
-   and caches it where `generate()` looks for it); and verifying a tree of the drafter's 7 most likely drafts
-   (`draft_tree_size=7`, the default for one prompt: the same verify width as the chain, more of it accepted).
+   and caches it where `generate()` looks for it); and verifying a tree of the drafter's N most likely drafts, what
+   `generate()` verifies for one prompt by default (N sized from the step table: the widest verify step this device
+   pays for; the full block's 7 without a table).
 Prints the texts, tau, the acceptance per draft position and the speedups; writes `outputs/demo_acceptance.png`.
 """
 
@@ -29,7 +30,9 @@ from transformers.utils import logging
 import hf_dspark
 from hf_dspark.bench import default_drafter
 from hf_dspark.cpu_load import OtherCpuUse, contention_warning
+from hf_dspark.generation import choose_policy, default_tree_size
 from hf_dspark.prepack import is_prepacked
+from hf_dspark.scheduler import AdaptiveVerification
 from hf_dspark.step_table import InvalidStepTableError, load_or_profile, local_table_path
 from hf_dspark.targets import fast_dtype, load_target
 
@@ -41,7 +44,7 @@ PROMPTS = {
 }
 MAX_NEW_TOKENS = 64
 CHECK_NEW_TOKENS = 32
-TREE_SIZE = 7  # drafts in the demo's draft tree: as many as the chain's, so a verify step costs the same
+TREE_SIZE = 7  # drafts in the exactness check's draft tree: as many as the chain's
 REPEATS = 3  # timed runs per contender and prompt, taken in turn; the demo reports their medians
 # the step table the demo profiles on first use: every default probe (1-512 tokens), fewer repeats than
 # `hf-dspark profile` (seconds on a 2-core CPU)
@@ -61,13 +64,18 @@ def main() -> int:
     policies = {"the full block": dict(adaptive_verification=False)}
     if scheduler:
         policies["the DSpark scheduler"] = dict(adaptive_verification=True)
-    policies[f"a tree of {TREE_SIZE} (the default)"] = dict(adaptive_verification=False, draft_tree_size=TREE_SIZE)
+    default = choose_policy(model, drafter, None, None, None, None, quiet=True)  # generate()'s, all options left out
+    tree = default_tree_size(model, drafter, default)
+    if tree is not None:
+        policies[f"a tree of {tree} (the default)"] = {}  # what generate() verifies for one prompt, options left out
     packed = ", linear layers prepacked for small batches (hf_dspark.prepack_linears)" if is_prepacked(model) else ""
     print(f"\n2. Speed ({name(dtype)}{packed}, greedy, batch 1, {MAX_NEW_TOKENS} new tokens): DSpark verifying "
           f"{' / '.join(policies)} at every step, against plain generate() on the same model.")
-    print(f"   the tree: the drafter's {TREE_SIZE} most likely drafts (draft_tree_size={TREE_SIZE}, what generate() verifies "
-          "for one prompt by default), grown from its one backbone pass through the Markov head, verified in one "
-          "forward; tau counts its accepted path")
+    if tree is not None:
+        how = "sized from the step table" if isinstance(default, AdaptiveVerification) else "no step table: the block's"
+        print(f"   the tree: the drafter's {tree} most likely drafts (draft_tree_size={tree}, {how}; what generate() "
+              "verifies for one prompt by default), grown from its one backbone pass through the Markov head, verified "
+              "in one forward; tau counts its accepted path")
     print("   acceptance per draft position k: P(draft k accepted | drafts before it accepted), over the steps that "
           "verified it; '-': no step verified a draft there\n")
     with OtherCpuUse() as load:

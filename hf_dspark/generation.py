@@ -53,7 +53,7 @@ from transformers.utils import logging
 
 from . import drafting
 from .draft_context import DraftContext, reorder_last
-from .draft_tree import NO_NODE, accept_tree, ancestor_mask, check_draft_tree_size, graft_branch
+from .draft_tree import NO_NODE, TREE_TOP_K, accept_tree, ancestor_mask, check_draft_tree_size, graft_branch
 from .drafting import Draft
 from .kernels import build_cu_num_draft, build_verify_inputs, flatten_ragged, gather_kv, rejection_sample
 from .modeling import DSparkDrafter
@@ -75,6 +75,7 @@ class DSparkStats:
     """Statistics of one generate call. Accepted lengths include the bonus/correction token (tau)."""
 
     block_size: int
+    tree_size: int | None = None  # the draft tree each drafting step verified (None: chains)
     steps: int = 0
     drafted_steps: int = 0  # steps that ran the drafter (the scheduler may skip it when drafting does not pay)
     accepted_lengths: list[int] = field(default_factory=list)  # per (row, step): a + 1
@@ -136,6 +137,7 @@ class DSparkStats:
     def summary(self) -> dict[str, Any]:
         return {
             "steps": self.steps,
+            "tree_size": self.tree_size,
             "drafted_steps": self.drafted_steps,
             "mean_accepted_length": self.mean_accepted_length,
             "per_position_acceptance": self.per_position_acceptance,
@@ -354,8 +356,9 @@ def generate(
         verify_policy: any `hf_dspark.scheduler.VerifyPolicy` (overrides the three options above).
         draft_tree_size: verify the drafter's `draft_tree_size` most likely drafts, grown as a tree from the Markov
             head (`hf_dspark.draft_tree`), instead of one chain; every drafting step verifies the full tree (no
-            scheduler). Greedy or sampled, the output stays plain decoding's. None: a tree of block_size drafts for
-            one prompt when none of the options above is given (`default_tree_size`), else a chain.
+            scheduler). Greedy or sampled, the output stays plain decoding's. None: for one prompt when none of the
+            options above is given, the tree `default_tree_size` sizes from the device's step table (block_size
+            drafts without one), else a chain.
             The generation config's `prompt_lookup_num_tokens` (and `max_matching_ngram_size`) graft a prompt-lookup
             branch onto the tree, or onto the drafter's best chain (`hf_dspark.prompt_lookup`).
         dspark_streamer: a transformers streamer (`streamer=` is consumed by generate() before it reaches here).
@@ -425,7 +428,7 @@ def _start_call(
         streamer.put(input_ids.cpu())
     return _Call(
         model=model, drafter=drafter, cache=cache, context=DraftContext(drafter), policy=policy, processing=processing,
-        stats=DSparkStats(block_size=drafter.config.block_size), do_sample=bool(gen.do_sample), markov=markov,
+        stats=DSparkStats(block_size=drafter.config.block_size, tree_size=tree_size), do_sample=bool(gen.do_sample), markov=markov,
         budget=max_length - prompt_len, max_drafts=num_speculative_tokens, tree_size=tree_size, lookup=lookup, eos=eos, pad_id=pad_id, criteria=criteria,
         prompt_rows=list(input_ids), generated=[[] for _ in range(n_rows)], streamer=streamer,
         forward_kwargs={cache_key: cache, **model_kwargs},
@@ -613,21 +616,33 @@ TREE_ATTENTION = ("sdpa", "eager")  # attention implementations that take a 4D m
 # the default tree is kept off where the step table prices a step over the full block's width above this many
 # plain steps: there verifying every node at every step costs more than the scheduler's shorter chains
 DEFAULT_TREE_MAX_STEP_COST = 2.0
+# tau of a best-first draft tree grows about as the log of its size N: 1 + TREE_TAU_GROWTH * ln(N / block_size) times
+# the tree of block_size's. Measured with the shipped SmolLM2 drafter (bf16, greedy, 40 prompts each of GSM8K,
+# HumanEval and MT-Bench): 1.05 / 1.09 / 1.11 / 1.15 at N = 10 / 13 / 16 / 20 against N = 7 (bench_results/s41)
+TREE_TAU_GROWTH = 0.14
 
 
 def default_tree_size(model: PreTrainedModel, drafter: DSparkDrafter, policy: VerifyPolicy) -> int | None:
-    """The tree a call of one prompt verifies when it names no verify option: block_size drafts, the full block's
-    verify width with more of it accepted (README, "Draft trees"); None (the chosen chain policy) where the target's
-    attention cannot take a tree mask, or where the step table says a step that wide costs more than
-    DEFAULT_TREE_MAX_STEP_COST plain steps."""
+    """The tree a call of one prompt verifies when it names no verify option (README, "Draft trees").
+
+    With the device's step table (the scheduler's, `policy`): the size N in block_size..block_size * TREE_TOP_K whose
+    expected tokens per second, tau(N) (`TREE_TAU_GROWTH`) times the table's steps per second at N + 1 tokens, is
+    highest, so a device that verifies 16 tokens at about the price of 8 verifies a wider tree; None (the chosen
+    chain policy) where a step of block_size + 1 tokens costs more than DEFAULT_TREE_MAX_STEP_COST plain steps.
+    Without a table: block_size drafts, the full block's verify width with more of it accepted. None where the
+    target's attention cannot take a tree mask."""
     if model.config._attn_implementation not in TREE_ATTENTION:
         return None
     size = drafter.config.block_size
-    if isinstance(policy, AdaptiveVerification):
-        table = policy.costs.table.for_num_requests(1)
-        if table.steps_per_sec(1) > DEFAULT_TREE_MAX_STEP_COST * table.steps_per_sec(size + 1):
-            return None
-    return size
+    if not isinstance(policy, AdaptiveVerification):
+        return size
+    table = policy.costs.table.for_num_requests(1)
+    if table.steps_per_sec(1) > DEFAULT_TREE_MAX_STEP_COST * table.steps_per_sec(size + 1):
+        return None
+    sizes = torch.arange(size, size * TREE_TOP_K + 1)  # [S] candidate tree sizes
+    tokens_per_step = 1 + TREE_TAU_GROWTH * torch.log(sizes / size)  # [S] tau relative to the tree of block_size
+    seconds = table.seconds_interpolated(sizes + 1)  # [S] a verify step of N + 1 tokens (ratios: interpolated)
+    return int(sizes[torch.argmax(tokens_per_step / seconds)])  # the smallest of equals
 
 
 def tree_attention_mask(model: PreTrainedModel, ctx_valid: torch.Tensor, tree: torch.Tensor) -> torch.Tensor:

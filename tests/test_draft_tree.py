@@ -12,7 +12,7 @@ from conftest import make_tiny_drafter, make_tiny_target
 
 from hf_dspark import drafting
 from hf_dspark.draft_context import DraftContext
-from hf_dspark.draft_tree import DraftTree, accept_tree, ancestor_mask, grow_tree
+from hf_dspark.draft_tree import TREE_TOP_K, DraftTree, accept_tree, ancestor_mask, grow_tree
 from hf_dspark.generation import default_tree_size
 from hf_dspark.processing import Processing
 from hf_dspark.scheduler import AdaptiveVerification, FullBlock
@@ -234,13 +234,29 @@ def test_the_full_block_fallback_is_logged_only_where_the_chain_runs(tiny_target
 
 def test_default_tree_stays_off_where_a_wide_step_is_priced_high_or_the_attention_takes_no_tree(tiny_target, tiny_drafter, monkeypatch):
     b = tiny_drafter.config.block_size
-    cheap = AdaptiveVerification(StepTimeTable([1, b + 1], [10.0, 8.0], max_batch_tokens=64))  # a wide step: 1.25 plain
     dear = AdaptiveVerification(StepTimeTable([1, b + 1], [10.0, 4.0], max_batch_tokens=64))  # 2.5 plain steps
-    assert default_tree_size(tiny_target, tiny_drafter, cheap) == b
     assert default_tree_size(tiny_target, tiny_drafter, dear) is None
     assert default_tree_size(tiny_target, tiny_drafter, FullBlock(None)) == b  # no step table: the full block's width
     monkeypatch.setattr(type(tiny_target.config), "_attn_implementation", property(lambda self: "flash_attention_2"), raising=False)
     assert default_tree_size(tiny_target, tiny_drafter, FullBlock(None)) is None
+
+
+def test_default_tree_is_as_wide_as_the_devices_step_table_pays_for(tiny_target, tiny_drafter):
+    """Where verifying 2 * (b + 1) tokens costs what b + 1 do, the default tree is wider than the block; where a
+    step's price grows with its width as fast as tau(N) grows with N (TREE_TAU_GROWTH), it stays at the block's."""
+    b = tiny_drafter.config.block_size
+    most = b * TREE_TOP_K
+    flat = AdaptiveVerification(StepTimeTable([1, b + 1, 2 * (b + 1), 4 * (b + 1)], [10.0, 8.0, 8.0, 4.0], max_batch_tokens=64))
+    wide = default_tree_size(tiny_target, tiny_drafter, flat)
+    assert b < wide <= min(most, 2 * b + 1)
+    steep = AdaptiveVerification(StepTimeTable([1, b + 1, most + 1], [10.0, 8.0, 4.0], max_batch_tokens=64))
+    assert default_tree_size(tiny_target, tiny_drafter, steep) == b
+    enc = ragged_batch(256, lengths=(6,))
+    tiny_target.generate(**enc, max_new_tokens=4, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter)
+    assert tiny_drafter.last_stats.tree_size == b  # no calibration, so no scheduler and no table: the block's width
+    tiny_target.generate(**enc, max_new_tokens=4, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter,
+                         draft_tree_size=3)
+    assert tiny_drafter.last_stats.tree_size == 3
 
 
 def test_real_smollm2_shipped_drafter_trees_are_exact_and_accept_more(smollm2):

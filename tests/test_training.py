@@ -210,7 +210,9 @@ def test_packed_block_attention_gives_the_full_masked_attention_and_its_gradient
         outs.append(h.detach())
         grads.append(drafter.layers[0].self_attn.q_proj.weight.grad.clone())
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-5)
+    # fp32 sums in another order (the packed mask's blocks against one dense mask): differences scale with the
+    # gradient (max ~6 here; 1.3e-5 seen on a 2-core Xeon with AMX), so the absolute tolerance does too
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-5 * float(grads[1].abs().max()))
 
 
 # ------------------------------------------------------------------------------------------------ trainer
