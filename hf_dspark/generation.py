@@ -625,10 +625,11 @@ TREE_TAU_GROWTH = 0.14
 def default_tree_size(model: PreTrainedModel, drafter: DSparkDrafter, policy: VerifyPolicy) -> int | None:
     """The tree a call of one prompt verifies when it names no verify option (README, "Draft trees").
 
-    With the device's step table (the scheduler's, `policy`): the size N in block_size..block_size * TREE_TOP_K whose
-    expected tokens per second, tau(N) (`TREE_TAU_GROWTH`) times the table's steps per second at N + 1 tokens, is
-    highest, so a device that verifies 16 tokens at about the price of 8 verifies a wider tree; None (the chosen
-    chain policy) where a step of block_size + 1 tokens costs more than DEFAULT_TREE_MAX_STEP_COST plain steps.
+    With the device's step table (the scheduler's, `policy`): the size N in block_size..block_size * TREE_TOP_K (N + 1
+    within the table's probes) whose expected tokens per second, tau(N) (`TREE_TAU_GROWTH`) times the table's steps
+    per second at N + 1 tokens, is highest, so a device that verifies 16 tokens at about the price of 8 verifies a
+    wider tree; None (the chosen chain policy) where a step of block_size + 1 tokens costs more than
+    DEFAULT_TREE_MAX_STEP_COST plain steps.
     Without a table: block_size drafts, the full block's verify width with more of it accepted. None where the
     target's attention cannot take a tree mask."""
     if model.config._attn_implementation not in TREE_ATTENTION:
@@ -639,7 +640,8 @@ def default_tree_size(model: PreTrainedModel, drafter: DSparkDrafter, policy: Ve
     table = policy.costs.table.for_num_requests(1)
     if table.steps_per_sec(1) > DEFAULT_TREE_MAX_STEP_COST * table.steps_per_sec(size + 1):
         return None
-    sizes = torch.arange(size, size * TREE_TOP_K + 1)  # [S] candidate tree sizes
+    most = min(size * TREE_TOP_K, table.sample_batch_tokens[-1] - 1)  # past its last probe a table prices no width
+    sizes = torch.arange(size, max(most, size) + 1)  # [S] candidate tree sizes
     tokens_per_step = 1 + TREE_TAU_GROWTH * torch.log(sizes / size)  # [S] tau relative to the tree of block_size
     seconds = table.seconds_interpolated(sizes + 1)  # [S] a verify step of N + 1 tokens (ratios: interpolated)
     return int(sizes[torch.argmax(tokens_per_step / seconds)])  # the smallest of equals

@@ -251,6 +251,8 @@ def test_default_tree_is_as_wide_as_the_devices_step_table_pays_for(tiny_target,
     assert b < wide <= min(most, 2 * b + 1)
     steep = AdaptiveVerification(StepTimeTable([1, b + 1, most + 1], [10.0, 8.0, 4.0], max_batch_tokens=64))
     assert default_tree_size(tiny_target, tiny_drafter, steep) == b
+    short = AdaptiveVerification(StepTimeTable([1, b + 1], [10.0, 8.0], max_batch_tokens=64))  # prices no wider step
+    assert default_tree_size(tiny_target, tiny_drafter, short) == b
     enc = ragged_batch(256, lengths=(6,))
     tiny_target.generate(**enc, max_new_tokens=4, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter)
     assert tiny_drafter.last_stats.tree_size == b  # no calibration, so no scheduler and no table: the block's width
