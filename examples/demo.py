@@ -64,7 +64,9 @@ def main() -> int:
     policies = {"the full block": dict(adaptive_verification=False)}
     if scheduler:
         policies["the DSpark scheduler"] = dict(adaptive_verification=True)
-    default = choose_policy(model, drafter, None, None, None, None, quiet=True)  # generate()'s, all options left out
+    # the policy generate() chooses when a call names no verify option, and the tree it then verifies for one prompt
+    default = choose_policy(model, drafter, verify_policy=None, confidence_threshold=None, adaptive_verification=None,
+                            num_speculative_tokens=None, quiet=True)
     tree = default_tree_size(model, drafter, default)
     if tree is not None:
         policies[f"a tree of {tree} (the default)"] = {}  # what generate() verifies for one prompt, options left out
