@@ -44,7 +44,7 @@ CONTENDERS = (
     "dspark_hf_loop",
 )
 TREE_SIZE = 7  # the dspark_tree contenders' draft_tree_size (--tree-size)
-LOOKUP_TOKENS = 7  # the dspark_tree_lookup contender's prompt_lookup_num_tokens (--lookup-tokens)
+LOOKUP_TOKENS = 7  # the dspark_tree_lookup contender's prompt_lookup_num_tokens (--lookup-tokens): its branch's cap
 PROMPT_SETS = ("gsm8k", "humaneval", "mtbench")
 BATCH_1_ONLY = {
     "prompt_lookup": "transformers' assisted decoding refuses batches ('assisted generate is only supported for batch_size = 1')",
@@ -177,7 +177,8 @@ class Bench:
             policy = self.adaptive_policy()
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, verify_policy=policy)
         if contender == "dspark_tree":
-            return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, draft_tree_size=self.tree_size)
+            return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, draft_tree_size=self.tree_size,
+                                          prompt_lookup_num_tokens=0)
         if contender == "dspark_tree_lookup":
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, draft_tree_size=self.tree_size,
                                           prompt_lookup_num_tokens=self.lookup_tokens)
@@ -469,9 +470,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto = bf16 on CUDA or CPUs with avx512_bf16/AMX, else fp32 (emulated bf16 GEMMs make verification slow)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes over all batches; in each, every contender runs every batch (one untimed warm-up batch first)")
     p.add_argument("--tree-size", type=int, default=TREE_SIZE, metavar="N",
-                   help="the dspark_tree contenders verify a tree of the drafter's N most likely drafts")
+                   help="the dspark_tree contenders verify a tree of N drafts: dspark_tree the drafter's N most likely, "
+                        "dspark_tree_lookup those and a prompt-lookup branch competing for the N places")
     p.add_argument("--lookup-tokens", type=int, default=LOOKUP_TOKENS, metavar="K",
-                   help="dspark_tree_lookup grafts a prompt-lookup branch of K tokens onto that tree")
+                   help="dspark_tree_lookup's prompt-lookup branch: at most K tokens")
     p.add_argument("--json", default=None, help="write the records (a JSON list) here")
     p.add_argument("--plots", default=None, help="write PNG plots into this folder")
     p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",

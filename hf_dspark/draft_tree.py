@@ -20,6 +20,7 @@ exact verifier can do for a fixed set of candidates.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,6 +38,7 @@ class DraftTree:
     tokens: torch.Tensor  # [R, N] drafted target ids, best first (a node's parent comes before it); NO_NODE: padding
     parents: torch.Tensor  # [R, N] verify slot of each node's parent: 0 = the anchor, j + 1 = node j
     levels: torch.Tensor  # [R, N] the draft position of each node (0: the token after the anchor)
+    scores: torch.Tensor | None = None  # [R, N] log-probability of each node's path under the drafter (-inf: padding)
 
 
 def check_draft_tree_size(size: int | None, block_size: int) -> None:
@@ -142,24 +144,41 @@ def _best_nodes(tokens, scores, parents, levels, size: int) -> DraftTree:
     slot_of.scatter_(1, kept, torch.arange(1, size + 1, device=tokens.device).expand_as(kept))
     old_parent = parents.gather(1, kept)  # [R, N] (-1: the anchor)
     new_parent = torch.where(old_parent < 0, 0, slot_of.gather(1, old_parent.clamp(min=0)))
-    return DraftTree(tokens=tokens.gather(1, kept), parents=new_parent, levels=levels.gather(1, kept))
+    return DraftTree(
+        tokens=tokens.gather(1, kept), parents=new_parent, levels=levels.gather(1, kept), scores=scores.gather(1, kept)
+    )
 
 
-def graft_branch(tree: DraftTree, branches: list[torch.Tensor]) -> DraftTree:
+def graft_branch(
+    tree: DraftTree, branches: list[torch.Tensor], size: int | None = None, token_logprob: float | list[float] = 0.0
+) -> DraftTree:
     """Merge one chain of proposed tokens per row (branches[r] [k_r], continuing from the anchor) into the tree: the
     branch follows existing nodes while their tokens agree, then continues as new nodes; rows are padded to the widest
-    with NO_NODE nodes under the anchor."""
+    with NO_NODE nodes under the anchor.
+
+    With `size`, each row keeps its `size` most likely nodes: the branch's token at level l scores (l + 1) *
+    `token_logprob` (each of its tokens accepted with probability exp(token_logprob); one value, or one per row), the
+    tree's nodes their path's log-probability under the drafter (`tree.scores`), a shared node the larger of the two."""
     rows = []
-    for tokens, parents, levels, branch in zip(tree.tokens.tolist(), tree.parents.tolist(), tree.levels.tolist(), branches):
+    n, width = tree.tokens.shape
+    scores = tree.scores.tolist() if tree.scores is not None else [[0.0] * width] * n
+    rates = token_logprob if isinstance(token_logprob, list) else [token_logprob] * n
+    for tokens, parents, levels, row_scores, branch, rate in zip(
+        tree.tokens.tolist(), tree.parents.tolist(), tree.levels.tolist(), scores, branches, rates
+    ):
+        row_scores = [s if t != NO_NODE else -math.inf for s, t in zip(row_scores, tokens)]
         child = {(p, t): j + 1 for j, (p, t) in enumerate(zip(parents, tokens))}  # (parent slot, token) -> slot
         slot = 0
         for level, token in enumerate(branch.tolist()):
             nxt = child.get((slot, token))
             if nxt is None:  # a new node: the slot after the last one
                 tokens, parents, levels = tokens + [token], parents + [slot], levels + [level]
+                row_scores = row_scores + [-math.inf]
                 nxt = child[slot, token] = len(tokens)
             slot = nxt
-        rows.append((tokens, parents, levels))
+            row_scores[slot - 1] = max(row_scores[slot - 1], (level + 1) * rate)
+        row = (tokens, parents, levels)
+        rows.append(row if size is None else _most_likely(row, row_scores, size))
     width = max(len(t) for t, _, _ in rows)
     pad = lambda values, fill: [v + [fill] * (width - len(v)) for v in values]  # noqa: E731
     as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=tree.tokens.device)  # noqa: E731
@@ -168,6 +187,17 @@ def graft_branch(tree: DraftTree, branches: list[torch.Tensor]) -> DraftTree:
         parents=as_tensor(pad([p for _, p, _ in rows], 0)),
         levels=as_tensor(pad([lv for _, _, lv in rows], 0)),
     )
+
+
+def _most_likely(row: tuple[list, list, list], scores: list[float], size: int) -> tuple[list, list, list]:
+    """One row's (tokens, parents, levels), a node's parent before it, and each node's score (never above its
+    parent's) -> its `size` best-scored nodes in slot order (ties: the earlier slot, so every kept node's ancestors
+    are kept), with parents renumbered to the kept slots; padding nodes (-inf) are dropped."""
+    tokens, parents, levels = row
+    best = sorted(range(len(tokens)), key=lambda j: -scores[j])[:size]  # stable: earlier slots first on ties
+    kept = sorted(j for j in best if scores[j] > -math.inf)
+    renumber = {old + 1: new for new, old in enumerate(kept, start=1)} | {0: 0}
+    return [tokens[j] for j in kept], [renumber[parents[j]] for j in kept], [levels[j] for j in kept]
 
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:

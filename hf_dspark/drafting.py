@@ -30,6 +30,7 @@ class Draft:
     q: torch.Tensor | None  # [N, L, V] draft distributions (None when greedy: q is one-hot)
     conf_logits: torch.Tensor | None  # [N, L] confidence logits z_k (None without a confidence head, or for a tree)
     tree: DraftTree | None = None  # set when the drafts form a tree (`draft_tree`), not a chain
+    branches: list[torch.Tensor] | None = None  # per row [k] the prompt-lookup branch grafted onto the tree
 
 
 def draft_block(

@@ -59,7 +59,7 @@ from .kernels import build_cu_num_draft, build_verify_inputs, flatten_ragged, ga
 from .modeling import DSparkDrafter
 from .prepack import prepack_like
 from .processing import Processing
-from .prompt_lookup import PromptLookup
+from .prompt_lookup import LookupRates, PromptLookup
 from .scheduler import AdaptiveVerification, ConfidenceThreshold, FullBlock, VerifyPolicy, prior_survival
 from .step_costs import catch_up_columns
 from .step_table import load_or_profile
@@ -76,6 +76,7 @@ class DSparkStats:
 
     block_size: int
     tree_size: int | None = None  # the draft tree each drafting step verified (None: chains)
+    lookup_tokens: int | None = None  # the longest prompt-lookup branch grafted onto it (None: no branch)
     steps: int = 0
     drafted_steps: int = 0  # steps that ran the drafter (the scheduler may skip it when drafting does not pay)
     accepted_lengths: list[int] = field(default_factory=list)  # per (row, step): a + 1
@@ -138,6 +139,7 @@ class DSparkStats:
         return {
             "steps": self.steps,
             "tree_size": self.tree_size,
+            "lookup_tokens": self.lookup_tokens,
             "drafted_steps": self.drafted_steps,
             "mean_accepted_length": self.mean_accepted_length,
             "per_position_acceptance": self.per_position_acceptance,
@@ -291,6 +293,7 @@ class _Call:
     forward_kwargs: dict[str, Any]  # passed to every target forward: the cache and the caller's model kwargs
     keeps_logits: bool  # the target's forward takes logits_to_keep
     prompt_starts: list[int] | None = None  # per row its first prompt position after the left padding (prompt lookup)
+    lookup_rates: LookupRates | None = None  # per row how often the target took the lookup branch's tokens
 
     @property
     def block_size(self) -> int:
@@ -410,14 +413,14 @@ def _start_call(
             raise ValueError("stop_strings needs the tokenizer: pass stop_tokenizer=tokenizer (or tokenizer= with assistant_model=).")
         criteria.append(StopStringCriteria(stop_tokenizer, stop_strings))
     processing = Processing(logits_processor, bool(gen.do_sample), n_rows)
-    lookup = PromptLookup.from_generation_config(gen)
     policy = None
-    if tree_size is None and lookup is None:
+    if tree_size is None:
         policy = choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, quiet=True, **policy_options)
         explicit = num_speculative_tokens is not None or any(v is not None for v in policy_options.values())
         tree_size = None if explicit or n_rows > 1 else default_tree_size(model, drafter, policy)
-        if policy.fallback_reason and tree_size is None:  # a default tree verifies no chain
-            _log_fallback(policy.fallback_reason)
+    lookup = PromptLookup.from_generation_config(gen, default_tokens=tree_size)  # a tree has a branch unless told 0
+    if policy is not None and policy.fallback_reason and tree_size is None and lookup is None:  # a tree: no chain
+        _log_fallback(policy.fallback_reason)
     if tree_size is not None or lookup is not None:  # every drafting step verifies the whole tree
         check_tree_call(model, drafter, tree_size, policy_options)
         policy = FullBlock(num_speculative_tokens)
@@ -428,8 +431,10 @@ def _start_call(
         streamer.put(input_ids.cpu())
     return _Call(
         model=model, drafter=drafter, cache=cache, context=DraftContext(drafter), policy=policy, processing=processing,
-        stats=DSparkStats(block_size=drafter.config.block_size, tree_size=tree_size), do_sample=bool(gen.do_sample), markov=markov,
-        budget=max_length - prompt_len, max_drafts=num_speculative_tokens, tree_size=tree_size, lookup=lookup, eos=eos, pad_id=pad_id, criteria=criteria,
+        stats=DSparkStats(block_size=drafter.config.block_size, tree_size=tree_size, lookup_tokens=lookup.num_tokens if lookup else None),
+        do_sample=bool(gen.do_sample), markov=markov,
+        budget=max_length - prompt_len, max_drafts=num_speculative_tokens, tree_size=tree_size, lookup=lookup,
+        lookup_rates=LookupRates(n_rows) if lookup else None, eos=eos, pad_id=pad_id, criteria=criteria,
         prompt_rows=list(input_ids), generated=[[] for _ in range(n_rows)], streamer=streamer,
         forward_kwargs={cache_key: cache, **model_kwargs},
         keeps_logits=takes_logits_to_keep(model),
@@ -484,6 +489,8 @@ def _decode_step(call: _Call, rows: _Rows) -> None:
     draft, draft_seconds, catch_up = _draft(call, rows, depth, caps, prefix)
     verified = _verify(call, rows, draft, depth, caps)
     emitted, num_acc, order = _accept(call, draft, verified, prefix)
+    if draft.branches is not None:
+        call.lookup_rates.observe(rows.ids, draft.branches, emitted)
     accepted = num_acc.tolist() if verified.width > 1 else [0] * num_rows
     call.stats.record_step(depth, draft.conf_logits, verified.lengths, verified.width, num_acc, accepted)
     _commit(call, rows, verified, emitted, num_acc, accepted, order)
@@ -559,12 +566,14 @@ def _draft_tree(call: _Call, args: tuple, depth: int, caps: list[int], prefix) -
         draft = drafting.draft_tree(call.drafter, *args, size=depth, top_k=1)
     if call.lookup is None:
         return draft
-    branches = []
+    branches, row_ids = [], []
     for i, cap in enumerate(caps):
         row, seq = prefix(i, draft.tokens[i, :0])  # [P + G]: the prompt (padded) and the committed tokens
         branches.append(call.lookup.propose(seq[call.prompt_starts[row] :], cap))
-    tree = graft_branch(draft.tree, branches)
-    return Draft(tokens=tree.tokens, q=None, conf_logits=None, tree=tree)
+        row_ids.append(row)
+    rates = [call.lookup_rates.token_logprob(row) for row in row_ids]
+    tree = graft_branch(draft.tree, branches, size=call.tree_size, token_logprob=rates)
+    return Draft(tokens=tree.tokens, q=None, conf_logits=None, tree=tree, branches=branches)
 
 
 def _verify(call: _Call, rows: _Rows, draft: Draft, depth: int, caps: list[int]) -> _Verified:
@@ -618,7 +627,10 @@ TREE_ATTENTION = ("sdpa", "eager")  # attention implementations that take a 4D m
 DEFAULT_TREE_MAX_STEP_COST = 2.0
 # tau of a best-first draft tree grows about as the log of its size N: 1 + TREE_TAU_GROWTH * ln(N / block_size) times
 # the tree of block_size's. Measured with the shipped SmolLM2 drafter (bf16, greedy, 40 prompts each of GSM8K,
-# HumanEval and MT-Bench): 1.05 / 1.09 / 1.11 / 1.15 at N = 10 / 13 / 16 / 20 against N = 7 (bench_results/s41)
+# HumanEval and MT-Bench), the drafter's nodes alone: 1.05 / 1.09 / 1.11 / 1.15 at N = 10 / 13 / 16 / 20 against N = 7
+# (bench_results/s41). With a prompt-lookup branch among the nodes tau grows faster (1.12 / 1.21 at N = 11 / 16,
+# bench_results/s42), but there a tree step wider than 12 tokens cost more than the step table prices it (trees of
+# 16 and 28 timed slower than 11 on a 2-core AMX CPU), so the sizing keeps the drafter's own growth.
 TREE_TAU_GROWTH = 0.14
 
 
@@ -627,8 +639,7 @@ def default_tree_size(model: PreTrainedModel, drafter: DSparkDrafter, policy: Ve
 
     With the device's step table (the scheduler's, `policy`): the size N in block_size..block_size * TREE_TOP_K (N + 1
     within the table's probes) whose expected tokens per second, tau(N) (`TREE_TAU_GROWTH`) times the table's steps
-    per second at N + 1 tokens, is highest, so a device that verifies 16 tokens at about the price of 8 verifies a
-    wider tree; None (the chosen chain policy) where a step of block_size + 1 tokens costs more than
+    per second at N + 1 tokens, is highest, so a device that verifies 16 tokens at about the price of 8 verifies a wider tree; None (the chosen chain policy) where a step of block_size + 1 tokens costs more than
     DEFAULT_TREE_MAX_STEP_COST plain steps.
     Without a table: block_size drafts, the full block's verify width with more of it accepted. None where the
     target's attention cannot take a tree mask."""

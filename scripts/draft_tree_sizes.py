@@ -2,11 +2,12 @@
 with or without a prompt-lookup branch, on `make demo`'s three prompts (or prompts of the eval sets), greedy, batch 1,
 after a warm-up timed in turn (medians), in one process.
 
-    OMP_NUM_THREADS=2 python scripts/draft_tree_sizes.py --sizes chain,7,10,7+7,7+10 --repeats 5
+    OMP_NUM_THREADS=2 python scripts/draft_tree_sizes.py --sizes chain,7+0,7,11,16 --repeats 5
     OMP_NUM_THREADS=2 python scripts/draft_tree_sizes.py --sizes 7,10,13 --prompts gsm8k,humaneval,mtbench --n 4 --start 40
 
-A size is `chain` or a tree size N, optionally `+K`: graft a prompt-lookup branch of K tokens
-(`prompt_lookup_num_tokens=K`).
+A size is `chain` or a tree size N, optionally `+K` (`prompt_lookup_num_tokens=K`). A tree of N verifies N drafts
+per step, a prompt-lookup branch of up to N tokens among them (as `generate()` does by default); `N+K` caps that
+branch at K tokens and `N+0` verifies the drafter's nodes alone. `chain+K` grafts a branch of K onto the chain.
 
 Prints per prompt and overall the speedup against plain `generate()` in seconds per new token (a bf16 text that leaves
 plain generate()'s may stop at another length) and tau of each contender; a larger tree accepts
@@ -37,10 +38,19 @@ def parse_size(text: str) -> tuple[int | None, int | None]:
     return (None if tree == "chain" else int(tree)), (int(lookup) if lookup else None)
 
 
+def label(size: tuple[int | None, int | None]) -> str:
+    """(draft_tree_size, prompt_lookup_num_tokens) -> how the tables name it."""
+    tree, lookup = size
+    if tree is None:
+        return "chain" + (f" + lookup {lookup}" if lookup else "")
+    return f"tree {tree}" + {None: "", 0: " (no lookup)"}.get(lookup, f" (lookup {lookup})")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="chain,7,10,7+7", help="comma list: 'chain' (the full block) or tree sizes, each "
-                   "optionally +K (a prompt-lookup branch of K tokens)")
+    p.add_argument("--sizes", default="chain,7+0,7,11", help="comma list: 'chain' (the full block) or tree sizes N "
+                   "(with a prompt-lookup branch among the N drafts), each optionally +K (a branch of at most K "
+                   "tokens; +0: none)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per contender and prompt, taken in turn")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
@@ -54,7 +64,6 @@ def main() -> int:
     dtype = fast_dtype() if args.dtype == "auto" else getattr(torch, args.dtype)
     model, tok = load_target(demo.TARGET, dtype=dtype)
     drafter = hf_dspark.DSparkDrafter.from_pretrained(default_drafter(), target=model)
-    label = lambda s: ("chain" if s[0] is None else f"tree {s[0]}") + (f" + lookup {s[1]}" if s[1] else "")  # noqa: E731
     seconds = {"plain": 0.0, **{label(s): 0.0 for s in sizes}}  # summed over the prompts
     tokens = dict.fromkeys(seconds, 0)  # new tokens, summed over the prompts
     print(f"{torch.get_num_threads()} threads, {str(dtype).removeprefix('torch.')}, greedy, batch 1, "

@@ -256,9 +256,13 @@ def test_default_tree_is_as_wide_as_the_devices_step_table_pays_for(tiny_target,
     enc = ragged_batch(256, lengths=(6,))
     tiny_target.generate(**enc, max_new_tokens=4, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter)
     assert tiny_drafter.last_stats.tree_size == b  # no calibration, so no scheduler and no table: the block's width
+    assert tiny_drafter.last_stats.lookup_tokens == b  # with a prompt-lookup branch among its nodes
+    tiny_target.generate(**enc, max_new_tokens=4, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter,
+                         prompt_lookup_num_tokens=0)
+    assert (tiny_drafter.last_stats.tree_size, tiny_drafter.last_stats.lookup_tokens) == (b, None)  # 0: no branch
     tiny_target.generate(**enc, max_new_tokens=4, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter,
                          draft_tree_size=3)
-    assert tiny_drafter.last_stats.tree_size == 3
+    assert (tiny_drafter.last_stats.tree_size, tiny_drafter.last_stats.lookup_tokens) == (3, 3)  # as named
 
 
 def test_real_smollm2_shipped_drafter_trees_are_exact_and_accept_more(smollm2):

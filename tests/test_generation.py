@@ -346,7 +346,7 @@ def mid_depth_policy() -> AdaptiveVerification:
     return AdaptiveVerification(TABLE, costs=costs, static_batch=False, remeasure_margin=0)
 
 
-@pytest.mark.parametrize("policy", ["full", "threshold", "adaptive", "adaptive_skip", "adaptive_mid_depth", "tree", "lookup"])
+@pytest.mark.parametrize("policy", ["full", "threshold", "adaptive", "adaptive_skip", "adaptive_mid_depth", "tree", "lookup", "tree_lookup"])
 def test_sampling_matches_target_distribution(small_vocab, policy):
     target, drafter, prompt, probs = small_vocab
     kw = {}
@@ -360,8 +360,10 @@ def test_sampling_matches_target_distribution(small_vocab, policy):
         kw["verify_policy"] = mid_depth_policy()
     elif policy == "tree":
         kw["draft_tree_size"] = 9
-    elif policy == "lookup":  # the drafter's best chain, plus a prompt-lookup branch
+    elif policy == "lookup":  # a batch: the drafter's best chain, plus a prompt-lookup branch
         kw["prompt_lookup_num_tokens"] = 3
+    elif policy == "tree_lookup":  # a tree of 9 nodes, a branch of up to 9 among them
+        kw.update(draft_tree_size=9, prompt_lookup_num_tokens=9)
     counts = sample_counts(target, prompt, assistant_model=drafter, **kw)
     assert _sampling.chi_square_pvalue(counts, probs) > 1e-3
     stats = drafter.last_stats

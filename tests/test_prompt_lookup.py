@@ -5,6 +5,8 @@ chi-square test."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import GenerationConfig
@@ -28,8 +30,12 @@ def test_lookup_settings_come_from_the_generation_config_and_bad_ones_are_refuse
     assert PromptLookup.from_generation_config(GenerationConfig()) is None
     assert PromptLookup.from_generation_config(GenerationConfig(prompt_lookup_num_tokens=5)) == PromptLookup(5, 2)
     assert PromptLookup.from_generation_config(GenerationConfig(prompt_lookup_num_tokens=5, max_matching_ngram_size=3)) == PromptLookup(5, 3)
-    for bad in (dict(prompt_lookup_num_tokens=0), dict(prompt_lookup_num_tokens=4, max_matching_ngram_size=-1)):
-        with pytest.raises(ValueError, match="must be a positive int"):
+    # a tree's branch (as long as the tree): on unless the call turns it off with 0
+    assert PromptLookup.from_generation_config(GenerationConfig(), default_tokens=11) == PromptLookup(11, 2)
+    assert PromptLookup.from_generation_config(GenerationConfig(prompt_lookup_num_tokens=0), default_tokens=11) is None
+    for bad, message in ((dict(prompt_lookup_num_tokens=-1), "non-negative int"),
+                         (dict(prompt_lookup_num_tokens=4, max_matching_ngram_size=0), "positive int")):
+        with pytest.raises(ValueError, match=message):
             PromptLookup.from_generation_config(GenerationConfig(**bad))
     with pytest.raises(ValueError, match="only applies with prompt_lookup_num_tokens"):
         PromptLookup.from_generation_config(GenerationConfig(max_matching_ngram_size=3))
@@ -49,6 +55,25 @@ def test_graft_shares_agreeing_nodes_adds_the_rest_and_pads_narrow_rows():
     assert num_acc.tolist() == [4, 0] and emitted[0].tolist() == [5, 7, 3, 4, 9]
 
 
+def test_graft_within_a_budget_keeps_the_most_likely_nodes_of_the_tree_and_the_branch():
+    # row 0: slots 1 (5) -> 2 (7), and 3 (6) -> 4 (9); row 1 is padded after one node
+    log = lambda *p: [math.log(x) for x in p]  # noqa: E731
+    tree = DraftTree(tokens=torch.tensor([[5, 7, 6, 9], [4, NO_NODE, NO_NODE, NO_NODE]]),
+                     parents=torch.tensor([[0, 1, 0, 3], [0, 0, 0, 0]]), levels=torch.tensor([[0, 1, 0, 1], [0, 0, 0, 0]]),
+                     scores=torch.tensor([log(0.9, 0.1, 0.05, 0.04), log(0.9, 1, 1, 1)]))
+    # row 0's branch shares slot 3 (6) and adds 3, 8: scored 0.5, 0.25, 0.125 it outranks 7 (0.1) and 9 but not 5
+    out = graft_branch(tree, [torch.tensor([6, 3, 8]), torch.tensor([2, 2])], size=4, token_logprob=math.log(0.5))
+    assert out.tokens.tolist() == [[5, 6, 3, 8], [4, 2, 2, NO_NODE]]
+    assert out.parents.tolist() == [[0, 0, 2, 3], [0, 0, 2, 0]]
+    assert out.levels.tolist() == [[0, 0, 1, 2], [0, 0, 1, 0]]
+    # a more likely branch displaces more of the tree, a less likely one less; no branch leaves the tree's best nodes
+    certain = graft_branch(tree, [torch.tensor([1, 2, 3, 4, 5])] * 2, size=2)
+    assert certain.tokens.tolist() == [[1, 2], [1, 2]]
+    unlikely = graft_branch(tree, [torch.tensor([6, 3])] * 2, size=3, token_logprob=math.log(0.01))
+    assert unlikely.tokens.tolist() == [[5, 7, 6], [4, 6, 3]]
+    assert graft_branch(tree, [torch.tensor([], dtype=torch.long)] * 2, size=3).tokens.tolist() == [[5, 7, 6], [4, NO_NODE, NO_NODE]]
+
+
 @pytest.mark.parametrize("kw", [dict(prompt_lookup_num_tokens=5), dict(prompt_lookup_num_tokens=12, draft_tree_size=6),
                                 dict(prompt_lookup_num_tokens=3, max_matching_ngram_size=1, draft_tree_size=1)])
 def test_greedy_identical_with_a_lookup_branch(tiny_target, tiny_drafter, kw):
@@ -58,7 +83,7 @@ def test_greedy_identical_with_a_lookup_branch(tiny_target, tiny_drafter, kw):
     out = tiny_target.generate(**enc, **common, **kw)
     assert torch.equal(out, ref)
     with_lookup = tiny_drafter.last_stats.mean_accepted_length
-    tiny_target.generate(**enc, **common, draft_tree_size=kw.get("draft_tree_size", 1))
+    tiny_target.generate(**enc, **common, draft_tree_size=kw.get("draft_tree_size", 1), prompt_lookup_num_tokens=0)
     assert with_lookup > tiny_drafter.last_stats.mean_accepted_length + 0.3  # the tiny target repeats itself
     with oracle_tree_drafts(ref):
         assert torch.equal(tiny_target.generate(**enc, **common, **kw), ref)
@@ -76,7 +101,7 @@ def test_lookup_branch_longer_than_the_block_stops_exactly_at_max_new_tokens(tin
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(prompt_lookup_num_tokens=0), "positive int"),
+        (dict(prompt_lookup_num_tokens=-1), "non-negative int"),
         (dict(prompt_lookup_num_tokens=4, adaptive_verification=True), "adaptive_verification"),
         (dict(prompt_lookup_num_tokens=4, dspark_engine="transformers"), "our loop only"),
     ],

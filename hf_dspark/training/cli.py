@@ -548,10 +548,11 @@ def _add_eval_tau(sub) -> None:
     p.add_argument("--num-prompts", type=int, default=10)
     p.add_argument("--no-markov", action="store_true", help="draft without the Markov head")
     p.add_argument("--draft-tree-size", type=int, default=None, metavar="N",
-                   help="verify a tree of the drafter's N most likely drafts instead of its best chain (tau then "
-                        "counts the tree's accepted path)")
+                   help="verify a tree of N drafts instead of the drafter's best chain: its most likely drafts and a "
+                        "prompt-lookup branch among them, as generate() does (tau then counts the tree's accepted path)")
     p.add_argument("--prompt-lookup-num-tokens", type=int, default=None, metavar="K",
-                   help="graft a prompt-lookup branch of K tokens onto the drafts (transformers' prompt_lookup_num_tokens)")
+                   help="transformers' prompt_lookup_num_tokens: cap a tree's prompt-lookup branch at K tokens (0: no "
+                        "branch, the drafter's nodes alone); without --draft-tree-size, graft a branch of K onto the chain")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 (default): greedy; > 0: sample at this temperature (seeded by --seed; the target's "
                         "generation config sets the rest, e.g. top_k)")
