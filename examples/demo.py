@@ -7,9 +7,9 @@
    warm-up each timed three times in turn in the same run (medians), DSpark three ways: verifying the drafter's
    chain of 7 drafts (the full block) at every step; with the DSpark scheduler, which decides at every step how many
    of them to verify (0: a plain step) from this device's step-time table (on first use the demo profiles the table
-   and caches it where `generate()` looks for it); and verifying a tree of the drafter's N most likely drafts, what
-   `generate()` verifies for one prompt by default (N sized from the step table: the widest verify step this device
-   pays for; the full block's 7 without a table).
+   and caches it where `generate()` looks for it); and verifying a tree of N drafts, the drafter's most likely ones
+   and a prompt-lookup branch among them, what `generate()` verifies for one prompt by default (N sized from the
+   step table: the widest verify step this device pays for; the full block's 7 without a table).
 Prints the texts, tau, the acceptance per draft position and the speedups; writes `outputs/demo_acceptance.png`.
 """
 
@@ -75,9 +75,10 @@ def main() -> int:
           f"{' / '.join(policies)} at every step, against plain generate() on the same model.")
     if tree is not None:
         how = "sized from the step table" if isinstance(default, AdaptiveVerification) else "no step table: the block's"
-        print(f"   the tree: the drafter's {tree} most likely drafts (draft_tree_size={tree}, {how}; what generate() "
-              "verifies for one prompt by default), grown from its one backbone pass through the Markov head, verified "
-              "in one forward; tau counts its accepted path")
+        print(f"   the tree: {tree} drafts (draft_tree_size={tree}, {how}; what generate() verifies for one prompt by "
+              "default), the drafter's most likely ones, grown from its one backbone pass through the Markov head, and "
+              "a prompt-lookup branch (the tokens that followed the last two earlier in the text) competing with them "
+              "for the places, verified in one forward; tau counts its accepted path")
     print("   acceptance per draft position k: P(draft k accepted | drafts before it accepted), over the steps that "
           "verified it; '-': no step verified a draft there\n")
     with OtherCpuUse() as load:
