@@ -639,7 +639,8 @@ def default_tree_size(model: PreTrainedModel, drafter: DSparkDrafter, policy: Ve
 
     With the device's step table (the scheduler's, `policy`): the size N in block_size..block_size * TREE_TOP_K (N + 1
     within the table's probes) whose expected tokens per second, tau(N) (`TREE_TAU_GROWTH`) times the table's steps
-    per second at N + 1 tokens, is highest, so a device that verifies 16 tokens at about the price of 8 verifies a wider tree; None (the chosen chain policy) where a step of block_size + 1 tokens costs more than
+    per second at N + 1 tokens, is highest, so a device that verifies 16 tokens at about the price of 8 verifies a
+    wider tree; None (the chosen chain policy) where a step of block_size + 1 tokens costs more than
     DEFAULT_TREE_MAX_STEP_COST plain steps.
     Without a table: block_size drafts, the full block's verify width with more of it accepted. None where the
     target's attention cannot take a tree mask."""

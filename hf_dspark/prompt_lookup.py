@@ -1,12 +1,15 @@
-"""Prompt lookup as one more branch of the draft tree (`prompt_lookup_num_tokens=K`).
+"""Prompt lookup as one more branch of the draft tree (on for every tree; `prompt_lookup_num_tokens=K` caps it, 0 turns
+it off).
 
 Outputs often repeat their context: a math answer restates the question's numbers and phrases, code re-types the
 signature and names of its prompt. As transformers' prompt lookup does (`PromptLookupCandidateGenerator`), the last
 n tokens of a row (n = `max_matching_ngram_size` down to 1) are searched for earlier in its prompt and output, and the
 K tokens that followed the first match are proposed. They cost no model pass; `draft_tree.graft_branch` merges them
-into the drafter's tree (sharing the nodes the drafter drafted too), so one target forward verifies both, and the
-longest path the target agrees with wins. Which tokens are proposed depends on committed tokens only, so the output
-stays plain decoding's, greedy or sampled.
+into the drafter's tree (sharing the nodes the drafter drafted too), where they compete with the drafter's nodes for
+the tree's N places (priced by the row's running rate of accepted branch tokens, `LookupRates`), so one target
+forward of the same width verifies both, and the longest path the target agrees with wins. Which tokens are proposed
+and kept depends on committed tokens only, so the output stays plain decoding's, greedy or sampled. A chain (no tree)
+gets a branch of K grafted on when K is set.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import torch
 DEFAULT_NGRAM = 2  # transformers' default max_matching_ngram_size
 # When the branch competes for a tree's nodes, its token at level l scores (l + 1) * log p against the drafter's path
 # log-probabilities, p the row's rate of accepted branch tokens so far, starting from PRIOR_RATE as if seen over
-# PRIOR_TOKENS tokens (a constant 0.7 and 0.85 gave the same summed tau over GSM8K, HumanEval and MT-Bench; code
-# accepts more of its branches than chat does, bench_results/s42)
+# PRIOR_TOKENS tokens (priors of 0.5 and 0.3 accepted less over GSM8K, HumanEval and MT-Bench, and a fixed rate of
+# 0.7 or 0.85 a little less; code accepts more of its branches than chat does, bench_results/s42)
 PRIOR_RATE = 0.7
 PRIOR_TOKENS = 4.0
 
