@@ -22,6 +22,7 @@ def test_lookup_proposes_what_followed_the_first_match_of_the_longest_suffix():
     assert lookup.propose(seq, limit=10).tolist() == [9, 9, 4]  # "1 2" first seen at 1..2, then 9 9 4
     assert lookup.propose(seq, limit=2).tolist() == [9, 9]  # a row's cap cuts the branch
     assert PromptLookup(3, 1).propose(torch.tensor([4, 8, 5, 8]), limit=5).tolist() == [5, 8]  # unigram, clipped at the end
+    assert lookup.propose(torch.tensor([4, 8, 5, 8]), limit=5).numel() == 0  # no fallback to one token (MIN_NGRAM)
     assert lookup.propose(torch.tensor([1, 2, 3]), limit=5).numel() == 0  # no earlier occurrence
     assert lookup.propose(torch.tensor([3]), limit=5).numel() == 0
 

@@ -1,6 +1,8 @@
 """tau on make demo's 3 prompts (64 tokens, bf16 greedy) for tree 11 with/without lookup at several prior rates."""
+# OMP_NUM_THREADS=1 python bench_results/s42/demo_prompt_tau.py 11   (from the repository root)
 import sys
-sys.path.insert(0, "/work/main/examples")
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import demo, hf_dspark, torch
 import hf_dspark.prompt_lookup as pl
 from hf_dspark.bench import default_drafter
