@@ -566,12 +566,11 @@ def _draft_tree(call: _Call, args: tuple, depth: int, caps: list[int], prefix) -
         draft = drafting.draft_tree(call.drafter, *args, size=depth, top_k=1)
     if call.lookup is None:
         return draft
-    branches, row_ids = [], []
+    branches, rates = [], []
     for i, cap in enumerate(caps):
         row, seq = prefix(i, draft.tokens[i, :0])  # [P + G]: the prompt (padded) and the committed tokens
         branches.append(call.lookup.propose(seq[call.prompt_starts[row] :], cap))
-        row_ids.append(row)
-    rates = [call.lookup_rates.token_logprob(row) for row in row_ids]
+        rates.append(call.lookup_rates.token_logprob(row))
     tree = graft_branch(draft.tree, branches, size=call.tree_size, token_logprob=rates)
     return Draft(tokens=tree.tokens, q=None, conf_logits=None, tree=tree, branches=branches)
 

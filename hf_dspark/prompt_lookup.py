@@ -2,14 +2,14 @@
 it off).
 
 Outputs often repeat their context: a math answer restates the question's numbers and phrases, code re-types the
-signature and names of its prompt. As transformers' prompt lookup does (`PromptLookupCandidateGenerator`), the last
-n tokens of a row (n = `max_matching_ngram_size` down to 2, `MIN_NGRAM`) are searched for earlier in its prompt and output, and the
-K tokens that followed the first match are proposed. They cost no model pass; `draft_tree.graft_branch` merges them
-into the drafter's tree (sharing the nodes the drafter drafted too), where they compete with the drafter's nodes for
-the tree's N places (priced by the row's running rate of accepted branch tokens, `LookupRates`), so one target
-forward of the same width verifies both, and the longest path the target agrees with wins. Which tokens are proposed
-and kept depends on committed tokens only, so the output stays plain decoding's, greedy or sampled. A chain (no tree)
-gets a branch of K grafted on when K is set.
+signature and names of its prompt. As transformers' prompt lookup does (`PromptLookupCandidateGenerator`), the last n
+tokens of a row (n = `max_matching_ngram_size` down to 2, `MIN_NGRAM`) are searched for earlier in its prompt and
+output, and the K tokens that followed the first match are proposed. They cost no model pass;
+`draft_tree.graft_branch` merges them into the drafter's tree (sharing the nodes the drafter drafted too), where they
+compete with the drafter's nodes for the tree's N places (priced by the row's running rate of accepted branch tokens,
+`LookupRates`), so one target forward of the same width verifies both, and the longest path the target agrees with
+wins. Which tokens are proposed and kept depends on committed tokens only, so the output stays plain decoding's,
+greedy or sampled. A chain (no tree) gets a branch of K grafted on when K is set.
 """
 
 from __future__ import annotations
@@ -96,4 +96,3 @@ class LookupRates:
                 agree += 1
             self.accepted[row] += agree
             self.rejected[row] += agree < len(branch) and agree < len(out) and out[agree] >= 0
-
