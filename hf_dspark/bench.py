@@ -1,5 +1,6 @@
 """Side-by-side benchmark: plain generate(), transformers' prompt lookup and native DFlash, our loop (DFlash =
-Markov off, DSpark = full block, DSpark + scheduler) and transformers' assisted loop with our candidate generator
+Markov off, DSpark = full block, DSpark + scheduler, draft trees with and without a prompt-lookup branch, and
+`dspark_default`: what a call that names no option gets) and transformers' assisted loop with our candidate generator
 (full block, batch 1), in one process, same target, prompts, dtype.
 
     hf-dspark bench --prompts gsm8k --n 8 --batch-sizes 1,4,16 --json bench.json --plots plots/
@@ -41,7 +42,7 @@ from . import cpu_load
 
 CONTENDERS = (
     "plain", "prompt_lookup", "hf_dflash", "dflash", "dspark", "dspark_adaptive", "dspark_tree", "dspark_tree_lookup",
-    "dspark_hf_loop",
+    "dspark_hf_loop", "dspark_default",
 )
 TREE_SIZE = 7  # the dspark_tree contenders' draft_tree_size (--tree-size)
 LOOKUP_TOKENS = 7  # the dspark_tree_lookup contender's prompt_lookup_num_tokens (--lookup-tokens): its branch's cap
@@ -184,6 +185,8 @@ class Bench:
                                           prompt_lookup_num_tokens=self.lookup_tokens)
         if contender == "dspark_hf_loop":
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, dspark_engine="transformers")
+        if contender == "dspark_default":  # what a call that names no option gets (a tree or the scheduler)
+            return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter)
         raise ValueError(f"Unknown contender {contender!r}; choose from {', '.join(CONTENDERS + tuple(self.custom_runners))}.")
 
     def adaptive_policy(self):
@@ -500,10 +503,11 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.synthetic_acceptance is not None:
         if not 0 < args.synthetic_acceptance < 1:
             raise ValueError(f"--synthetic-acceptance must be in (0, 1), got {args.synthetic_acceptance}.")
-        if {"prompt_lookup", "hf_dflash", "dspark_tree", "dspark_tree_lookup"} & set(contenders):
+        if {"prompt_lookup", "hf_dflash", "dspark_tree", "dspark_tree_lookup", "dspark_default"} & set(contenders):
             raise ValueError(
                 "--synthetic-acceptance applies to our drafter's chain contenders only (dflash, dspark, dspark_adaptive, "
-                "dspark_hf_loop); drop prompt_lookup, hf_dflash, dspark_tree and dspark_tree_lookup from --contenders."
+                "dspark_hf_loop); drop prompt_lookup, hf_dflash, dspark_tree, dspark_tree_lookup and dspark_default from "
+                "--contenders."
             )
     model, tok = load_target(args.target, dtype=args.dtype)
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=model)

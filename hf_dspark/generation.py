@@ -359,9 +359,9 @@ def generate(
         verify_policy: any `hf_dspark.scheduler.VerifyPolicy` (overrides the three options above).
         draft_tree_size: verify the drafter's `draft_tree_size` most likely drafts, grown as a tree from the Markov
             head (`hf_dspark.draft_tree`), instead of one chain; every drafting step verifies the full tree (no
-            scheduler). Greedy or sampled, the output stays plain decoding's. None: for one prompt when none of the
-            options above is given, the tree `default_tree_size` sizes from the device's step table (block_size
-            drafts without one), else a chain.
+            scheduler). Greedy or sampled, the output stays plain decoding's. None: when none of the options above is
+            given, the tree `default_tree_size` sizes from the device's step table for up to DEFAULT_TREE_MAX_ROWS
+            prompts (block_size drafts without a table), else a chain.
             The generation config's `prompt_lookup_num_tokens` (and `max_matching_ngram_size`) graft a prompt-lookup
             branch onto the tree, or onto the drafter's best chain (`hf_dspark.prompt_lookup`).
         dspark_streamer: a transformers streamer (`streamer=` is consumed by generate() before it reaches here).
@@ -417,7 +417,7 @@ def _start_call(
     if tree_size is None:
         policy = choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, quiet=True, **policy_options)
         explicit = num_speculative_tokens is not None or any(v is not None for v in policy_options.values())
-        tree_size = None if explicit or n_rows > 1 else default_tree_size(model, drafter, policy)
+        tree_size = None if explicit else default_tree_size(model, drafter, policy, n_rows)
     lookup = PromptLookup.from_generation_config(gen, default_tokens=tree_size)  # a tree has a branch unless told 0
     if policy is not None and policy.fallback_reason and tree_size is None and lookup is None:  # a tree: no chain
         _log_fallback(policy.fallback_reason)
@@ -624,6 +624,12 @@ TREE_ATTENTION = ("sdpa", "eager")  # attention implementations that take a 4D m
 # the default tree is kept off where the step table prices a step over the full block's width above this many
 # plain steps: there verifying every node at every step costs more than the scheduler's shorter chains
 DEFAULT_TREE_MAX_STEP_COST = 2.0
+# a batch of more prompts verifies chains by default: a tree drafts at every step, and per row its drafting, lookup and
+# acceptance cost more than the step table sees. Bf16 on a 2-core AMX CPU (bench_results/s43), the tree of 7 with its
+# lookup branch against the scheduler's chains, GSM8K / HumanEval / MT-Bench: 2.03x / 1.94x / 1.34x against 1.76x /
+# 1.38x / 1.02x of plain generate() at 2 rows, 1.61x / 1.41x / 1.04x against 1.25x / 1.25x / 1.00x at 4, but 1.46x /
+# 1.07x / 0.91x against 1.33x / 0.89x / 1.00x at 8, where the scheduler drafted nothing on MT-Bench and the tree lost.
+DEFAULT_TREE_MAX_ROWS = 4
 # tau of a best-first draft tree grows about as the log of its size N: 1 + TREE_TAU_GROWTH * ln(N / block_size) times
 # the tree of block_size's. Measured with the shipped SmolLM2 drafter (bf16, greedy, 40 prompts each of GSM8K,
 # HumanEval and MT-Bench), the drafter's nodes alone: 1.05 / 1.09 / 1.11 / 1.15 at N = 10 / 13 / 16 / 20 against N = 7
@@ -633,28 +639,31 @@ DEFAULT_TREE_MAX_STEP_COST = 2.0
 TREE_TAU_GROWTH = 0.14
 
 
-def default_tree_size(model: PreTrainedModel, drafter: DSparkDrafter, policy: VerifyPolicy) -> int | None:
-    """The tree a call of one prompt verifies when it names no verify option (README, "Draft trees").
+def default_tree_size(model: PreTrainedModel, drafter: DSparkDrafter, policy: VerifyPolicy, num_rows: int = 1) -> int | None:
+    """The tree each of `num_rows` prompts verifies when the call names no verify option (README, "Draft trees").
 
-    With the device's step table (the scheduler's, `policy`): the size N in block_size..block_size * TREE_TOP_K (N + 1
-    within the table's probes) whose expected tokens per second, tau(N) (`TREE_TAU_GROWTH`) times the table's steps
-    per second at N + 1 tokens, is highest, so a device that verifies 16 tokens at about the price of 8 verifies a
-    wider tree; None (the chosen chain policy) where a step of block_size + 1 tokens costs more than
-    DEFAULT_TREE_MAX_STEP_COST plain steps.
-    Without a table: block_size drafts, the full block's verify width with more of it accepted. None where the
-    target's attention cannot take a tree mask."""
-    if model.config._attn_implementation not in TREE_ATTENTION:
+    With the device's step table (the scheduler's, `policy`, at `num_rows` requests): the size N in
+    block_size..block_size * TREE_TOP_K (num_rows * (N + 1) within the table's probes) whose expected tokens per
+    second, tau(N) (`TREE_TAU_GROWTH`) times the table's steps per second at num_rows * (N + 1) tokens, is highest, so a
+    device that verifies 16 tokens at about the price of 8 verifies a wider tree; None (the chosen chain policy) where
+    a step of num_rows * (block_size + 1) tokens costs more than DEFAULT_TREE_MAX_STEP_COST plain steps of the rows.
+    Without a table: block_size drafts (the full block's verify width with more of it accepted). None where the
+    target's attention cannot take a tree mask, or for more than DEFAULT_TREE_MAX_ROWS prompts."""
+    if model.config._attn_implementation not in TREE_ATTENTION or num_rows > DEFAULT_TREE_MAX_ROWS:
         return None
     size = drafter.config.block_size
     if not isinstance(policy, AdaptiveVerification):
         return size
-    table = policy.costs.table.for_num_requests(1)
-    if table.steps_per_sec(1) > DEFAULT_TREE_MAX_STEP_COST * table.steps_per_sec(size + 1):
+    table = policy.costs.table.for_num_requests(num_rows)
+    last_probe = table.sample_batch_tokens[-1]
+    if num_rows * (size + 1) > last_probe:  # the table prices no tree this wide
         return None
-    most = min(size * TREE_TOP_K, table.sample_batch_tokens[-1] - 1)  # past its last probe a table prices no width
+    if table.steps_per_sec(num_rows) > DEFAULT_TREE_MAX_STEP_COST * table.steps_per_sec(num_rows * (size + 1)):
+        return None
+    most = min(size * TREE_TOP_K, last_probe // num_rows - 1)  # past its last probe a table prices no width
     sizes = torch.arange(size, max(most, size) + 1)  # [S] candidate tree sizes
     tokens_per_step = 1 + TREE_TAU_GROWTH * torch.log(sizes / size)  # [S] tau relative to the tree of block_size
-    seconds = table.seconds_interpolated(sizes + 1)  # [S] a verify step of N + 1 tokens (ratios: interpolated)
+    seconds = table.seconds_interpolated(num_rows * (sizes + 1))  # [S] a verify step of N + 1 tokens per row
     return int(sizes[torch.argmax(tokens_per_step / seconds)])  # the smallest of equals
 
 

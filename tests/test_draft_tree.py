@@ -13,7 +13,7 @@ from conftest import make_tiny_drafter, make_tiny_target
 from hf_dspark import drafting
 from hf_dspark.draft_context import DraftContext
 from hf_dspark.draft_tree import TREE_TOP_K, DraftTree, accept_tree, ancestor_mask, grow_tree
-from hf_dspark.generation import default_tree_size
+from hf_dspark.generation import DEFAULT_TREE_MAX_ROWS, default_tree_size
 from hf_dspark.processing import Processing
 from hf_dspark.scheduler import AdaptiveVerification, FullBlock
 from hf_dspark.step_table import StepTimeTable
@@ -202,13 +202,14 @@ def test_tree_needs_an_attention_that_takes_a_4d_mask(tiny_target, tiny_drafter,
     "lengths, kwargs, drafted_by",
     [
         ((6,), {}, "draft_tree"),  # one prompt, no verify option: a tree of block_size drafts
-        ((6, 4), {}, "draft_block"),  # a batch: the chain (the scheduler, or the full block)
+        ((6, 4), {}, "draft_tree"),  # a small batch: a tree per prompt
+        ((6, 4, 5, 7, 3), {}, "draft_block"),  # more than DEFAULT_TREE_MAX_ROWS prompts: the chain (scheduler or full block)
         ((6,), dict(adaptive_verification=False), "draft_block"),
         ((6,), dict(num_speculative_tokens=3), "draft_block"),
         ((6,), dict(confidence_threshold=0.1), "draft_block"),
     ],
 )
-def test_one_prompt_without_a_verify_option_verifies_a_tree(tiny_target, tiny_drafter, monkeypatch, lengths, kwargs, drafted_by):
+def test_a_call_of_few_prompts_without_a_verify_option_verifies_trees(tiny_target, tiny_drafter, monkeypatch, lengths, kwargs, drafted_by):
     calls = []
     for name in ("draft_block", "draft_tree"):
         real = getattr(drafting, name)
@@ -221,15 +222,18 @@ def test_one_prompt_without_a_verify_option_verifies_a_tree(tiny_target, tiny_dr
 
 
 def test_the_full_block_fallback_is_logged_only_where_the_chain_runs(tiny_target, tiny_drafter, caplog):
-    """Without calibration the scheduler is off; one prompt then verifies the default tree (no "full block" line),
-    a batch verifies the full block and says why."""
+    """Without calibration the scheduler is off; one prompt or a small batch then verifies the default tree (no "full
+    block" line), a larger batch verifies the full block and says why."""
     assert tiny_drafter.calibration is None
     kw = dict(max_new_tokens=4, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter)
     with caplog.at_level(logging.INFO, logger="hf_dspark.generation"):
         tiny_target.generate(**ragged_batch(256, lengths=(6,)), **kw)
-        assert "verifying the full block" not in caplog.text
         tiny_target.generate(**ragged_batch(256, lengths=(6, 4)), **kw)
+        assert "verifying the full block" not in caplog.text
+        assert tiny_drafter.last_stats.tree_size == tiny_drafter.config.block_size
+        tiny_target.generate(**ragged_batch(256, lengths=(6, 4, 5, 7, 3)), **kw)
         assert "no calibration.json; verifying the full block" in caplog.text
+        assert tiny_drafter.last_stats.tree_size is None
 
 
 def test_default_tree_stays_off_where_a_wide_step_is_priced_high_or_the_attention_takes_no_tree(tiny_target, tiny_drafter, monkeypatch):
@@ -251,6 +255,11 @@ def test_default_tree_is_as_wide_as_the_devices_step_table_pays_for(tiny_target,
     assert b < wide <= min(most, 2 * b + 1)
     steep = AdaptiveVerification(StepTimeTable([1, b + 1, most + 1], [10.0, 8.0, 4.0], max_batch_tokens=64))
     assert default_tree_size(tiny_target, tiny_drafter, steep) == b
+    # a batch: its rows' trees verify in one step of num_rows * (N + 1) tokens, priced by the table the same way
+    assert default_tree_size(tiny_target, tiny_drafter, flat, num_rows=2) == b  # 2 (b + 1) tokens cost 1.25 plain steps
+    assert default_tree_size(tiny_target, tiny_drafter, flat, num_rows=4) is None  # 4 (b + 1) tokens cost 2.5 plain steps
+    assert default_tree_size(tiny_target, tiny_drafter, steep, num_rows=DEFAULT_TREE_MAX_ROWS + 1) is None  # chains
+    assert default_tree_size(tiny_target, tiny_drafter, FullBlock(None), num_rows=DEFAULT_TREE_MAX_ROWS) == b
     short = AdaptiveVerification(StepTimeTable([1, b + 1], [10.0, 8.0], max_batch_tokens=64))  # prices no wider step
     assert default_tree_size(tiny_target, tiny_drafter, short) == b
     enc = ragged_batch(256, lengths=(6,))

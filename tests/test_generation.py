@@ -39,7 +39,8 @@ def test_greedy_identical_tiny_ragged_batch(tiny_target, tiny_drafter, oracle, m
     for drafts in ("random", "oracle"):
         if drafts == "oracle":
             oracle(ref)
-        out = tiny_target.generate(**enc, max_new_tokens=40, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter)
+        out = tiny_target.generate(**enc, max_new_tokens=40, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter,
+                                   adaptive_verification=False)  # the chain (4 prompts verify trees by default)
         assert torch.equal(out, ref), drafts
         if drafts == "oracle":
             assert tiny_drafter.last_stats.mean_accepted_length > 3.0
@@ -67,7 +68,8 @@ def test_no_attention_mask_while_no_row_has_a_hole_and_exact_once_rejections_lea
     unmasked = []  # per target forward: whether it ran without an attention mask
     hook = tiny_target.register_forward_pre_hook(lambda m, a, kw: unmasked.append(kw.get("attention_mask") is None), with_kwargs=True)
     try:
-        out = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter)
+        out = tiny_target.generate(**enc, max_new_tokens=30, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter,
+                                   adaptive_verification=False)  # chains: a tree's step always has its 4D mask
         plain = tiny_target.generate(**enc, max_new_tokens=8, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter, verify_policy=FixedLength(0))
     finally:
         hook.remove()
