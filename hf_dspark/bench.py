@@ -46,6 +46,8 @@ CONTENDERS = (
 )
 TREE_SIZE = 7  # the dspark_tree contenders' draft_tree_size (--tree-size)
 LOOKUP_TOKENS = 7  # the dspark_tree_lookup contender's prompt_lookup_num_tokens (--lookup-tokens): its branch's cap
+# contenders whose drafts are not our drafter's chain, which --synthetic-acceptance replaces
+NOT_SYNTHETIC = ("prompt_lookup", "hf_dflash", "dspark_tree", "dspark_tree_lookup", "dspark_default")
 PROMPT_SETS = ("gsm8k", "humaneval", "mtbench")
 BATCH_1_ONLY = {
     "prompt_lookup": "transformers' assisted decoding refuses batches ('assisted generate is only supported for batch_size = 1')",
@@ -503,11 +505,11 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.synthetic_acceptance is not None:
         if not 0 < args.synthetic_acceptance < 1:
             raise ValueError(f"--synthetic-acceptance must be in (0, 1), got {args.synthetic_acceptance}.")
-        if {"prompt_lookup", "hf_dflash", "dspark_tree", "dspark_tree_lookup", "dspark_default"} & set(contenders):
+        if refused := [c for c in contenders if c in NOT_SYNTHETIC]:
+            chains = [c for c in CONTENDERS if c != "plain" and c not in NOT_SYNTHETIC]
             raise ValueError(
-                "--synthetic-acceptance applies to our drafter's chain contenders only (dflash, dspark, dspark_adaptive, "
-                "dspark_hf_loop); drop prompt_lookup, hf_dflash, dspark_tree, dspark_tree_lookup and dspark_default from "
-                "--contenders."
+                f"--synthetic-acceptance applies to our drafter's chain contenders only ({', '.join(chains)}); drop "
+                f"{', '.join(refused)} from --contenders."
             )
     model, tok = load_target(args.target, dtype=args.dtype)
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=model)
