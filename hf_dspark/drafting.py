@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from .draft_tree import TREE_TOP_K, DraftTree, grow_tree
-from .kernels import markov_sample_block
+from .kernels import first_argmax, markov_sample_block
 from .modeling import DSparkDrafter, KVCache
 from .processing import Processing
 
@@ -142,7 +142,7 @@ def _sequential(drafter, base, hidden, anchor, processing, prefix, markov, state
             x = torch.multinomial(q, 1).squeeze(1)
             qs.append(q)
         else:
-            x = scores.argmax(dim=-1)
+            x = first_argmax(scores)
         tokens.append(x)
         prev = x
     return Draft(

@@ -55,7 +55,7 @@ from . import drafting
 from .draft_context import DraftContext, reorder_last
 from .draft_tree import NO_NODE, TREE_TOP_K, accept_tree, ancestor_mask, check_draft_tree_size, graft_branch
 from .drafting import Draft
-from .kernels import build_cu_num_draft, build_verify_inputs, flatten_ragged, gather_kv, rejection_sample
+from .kernels import build_cu_num_draft, build_verify_inputs, first_argmax, flatten_ragged, gather_kv, rejection_sample
 from .modeling import DSparkDrafter
 from .prepack import prepack_like
 from .processing import Processing
@@ -471,7 +471,7 @@ def _prefill(call: _Call, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     dense = bool(attn.all())  # no padding: no attention mask
     logits = _target_forward(call, input_ids, None if dense else attn, positions, last_only=True)  # [N, 1, V]
     scores = call.processing(logits[:, -1].float(), lambda i: (i, call.prompt_rows[i]))  # [N, V]
-    first = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1) if call.do_sample else scores.argmax(-1)
+    first = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1) if call.do_sample else first_argmax(scores)
     call.stats.verify_time_s += time.perf_counter() - t0
     anchor_pos = attn.long().sum(-1)  # the first generated token's position, per row
     call.prompt_starts = (input_ids.shape[1] - anchor_pos).tolist()
@@ -737,7 +737,7 @@ def _accept_tree(call: _Call, draft: Draft, verified: _Verified, prefix) -> tupl
     if call.do_sample:
         choice = torch.multinomial(call.processing.probs(verified.logits, flat_prefix), 1).view(n, width)  # [R, W]
     else:
-        choice = call.processing(verified.logits, flat_prefix).argmax(-1).view(n, width)
+        choice = first_argmax(call.processing(verified.logits, flat_prefix)).view(n, width)
     emitted, num_acc, order = accept_tree(tree, choice, verified.caps)
     call.stats.verify_time_s += time.perf_counter() - t0
     return emitted, num_acc, order
@@ -760,8 +760,7 @@ def _reorder_tail(call: _Call, order: torch.Tensor, num_acc: torch.Tensor) -> No
     width, path = order.shape[1], order[:, : int(num_acc.max()) + 1]  # [R, m]
     if bool((path == torch.arange(path.shape[1], device=path.device)).all()):
         return
-    for layer in call.cache.layers:
-        layer.keys, layer.values = reorder_last(layer.keys, path, width), reorder_last(layer.values, path, width)
+    reorder_last([t for layer in call.cache.layers for t in (layer.keys, layer.values)], path, width)
     call.context.reorder_tail(path, width)
 
 

@@ -5,6 +5,7 @@ var HF_DSPARK_KERNELS, else "auto": Triton for CUDA tensors when triton imports)
 (value checks that sync the device; default from HF_DSPARK_DEBUG). See dispatch.py.
 """
 
+from .argmax import first_argmax
 from .dispatch import HAS_TRITON
 from .layout import build_cu_num_draft, build_verify_inputs, flatten_ragged, gather_kv
 from .markov_sampler import markov_sample_block
@@ -14,6 +15,7 @@ __all__ = [
     "HAS_TRITON",
     "build_cu_num_draft",
     "build_verify_inputs",
+    "first_argmax",
     "flatten_ragged",
     "gather_kv",
     "markov_sample_block",

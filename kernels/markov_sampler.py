@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .argmax import first_argmax
 from .dispatch import (HAS_TRITON, check, check_token_range, debug_enabled, next_pow2, select_backend, tl,
                        triton)
 
@@ -130,10 +131,10 @@ def _markov_sample_torch(base_logits, hidden, anchor_ids, w1, w2, conf_weight, c
             if markov_conf is not None:
                 conf[:, k] += e.float() @ markov_conf
         if greedy:
-            prev = logits.argmax(-1)
+            prev = first_argmax(logits)
         else:
             probs = torch.softmax(logits / temperature, dim=-1)
-            prev = (probs / exp_noise[:, k].float()).argmax(-1)
+            prev = first_argmax(probs / exp_noise[:, k].float())
             q[:, k] = probs
         if draft_ids is not None:
             prev = draft_ids[prev].long()                                         # draft id -> target id

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from .argmax import first_argmax
 from .dispatch import (HAS_TRITON, check, check_cu_num_draft, check_rows_sum_to_one, check_token_range,
                        debug_enabled, next_pow2, num_programs_target, select_backend, tl, triton)
 
@@ -52,7 +53,7 @@ def rejection_sample(
         return (torch.empty((0, 1), dtype=torch.long, device=device),
                 torch.empty((0,), dtype=torch.long, device=device))
     if D == 0:  # a plain decode step (no drafts): the target's own token, without the ragged bookkeeping
-        final = target_probs.argmax(-1) if greedy else (target_probs.float() / exp_noise.float()).argmax(-1)
+        final = first_argmax(target_probs if greedy else target_probs.float() / exp_noise.float())
         return final[:, None], torch.zeros(R, dtype=torch.long, device=device)
     max_l = int((cu_num_draft[1:] - cu_num_draft[:-1]).max())
     args = (target_probs, draft_token_ids, draft_probs, cu_num_draft, uniforms, exp_noise, greedy, max_l)
@@ -120,7 +121,7 @@ def _rejection_sample_torch(target_probs, draft_token_ids, draft_probs, cu_num_d
     x = draft_token_ids.long()
 
     if greedy:
-        target_argmax = target_probs.argmax(-1)                                    # [T]
+        target_argmax = first_argmax(target_probs)                                 # [T]
         accepted = target_argmax[rows] == x
     else:
         p_x = target_probs[rows, x].float()
@@ -144,7 +145,7 @@ def _rejection_sample_torch(target_probs, draft_token_ids, draft_probs, cu_num_d
             else:
                 residual = weights.scatter(1, x[d, None], 0.0)
             weights = torch.where(rejected[:, None], residual, weights)
-        final = (weights / exp_noise.float()).argmax(-1)
+        final = first_argmax(weights / exp_noise.float())
 
     out = torch.full((R, max_l + 1), -1, dtype=torch.long, device=device)
     keep = pos < num_accepted[req]

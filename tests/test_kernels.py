@@ -15,8 +15,8 @@ CUDA = torch.cuda.is_available()
 if not CUDA:   # must precede the first import of triton (transformers may import it: see the skip reason)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from hf_dspark.kernels import (build_cu_num_draft, build_verify_inputs, flatten_ragged, gather_kv,  # noqa: E402
-                               markov_sample_block, rejection_sample)
+from hf_dspark.kernels import (build_cu_num_draft, build_verify_inputs, first_argmax, flatten_ragged,  # noqa: E402
+                               gather_kv, markov_sample_block, rejection_sample)
 from hf_dspark.kernels.dispatch import HAS_TRITON, INTERPRETED, select_backend  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
@@ -112,6 +112,20 @@ def test_rejection_sample_triton_realistic_sizes(greedy, R, V):
     ref = rejection_sample(*inputs, greedy, backend="torch")
     out = rejection_sample(*inputs, greedy, backend="triton")
     assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 49152), (3, 4, 16384), (5, 2048), (2, 1000), (0, 4096)])
+def test_first_argmax_is_torch_argmax_ties_and_nan_included(shape, dtype):
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randint(-3, 4, shape, generator=g).to(dtype)  # few distinct values: ties in every row
+    flat = x.view(-1, shape[-1])
+    if flat.shape[0] >= 2:
+        flat[0, 7] = flat[0, shape[-1] - 3] = 9  # two far-apart maxima: the first wins
+        flat[1] = float("-inf")  # all equal: index 0
+    if flat.shape[0] >= 3:
+        flat[2, 3000 % shape[-1]] = flat[2, shape[-1] - 1] = float("nan")  # argmax takes the first NaN
+    assert torch.equal(first_argmax(x), x.argmax(-1))
 
 
 def test_rejection_sample_reference_semantics():
