@@ -80,15 +80,14 @@ def grow_tree(
     count = 0
     for k in range(depth):
         f = front_tok.shape[1]
-        logits = base[:, k, None].expand(n, f, -1).reshape(n * f, -1).float()  # [R*F, D]
+        logits = base[:, k, None].float()  # [R, 1, D]
         to_target = draft_ids  # without prefix-reading processors the tree grows in the draft vocabulary
         new_state = None
-        if markov:
-            h = hidden[:, k, None].expand(n, f, -1).reshape(n * f, -1)
-            st = None if front_state is None else front_state.reshape(n * f, -1)
-            latent, new_state = drafter.markov_latent(front_tok.reshape(-1), h, st)
+        if markov:  # the head over the frontier as it stands: tokens [R, F], hidden states [R, F, H], state [R, F, r]
+            latent, new_state = drafter.markov_latent(front_tok, hidden[:, k, None].expand(n, f, -1), front_state)
             if latent is not None:
-                logits = logits + drafter.markov_bias(latent).float()
+                logits = logits + drafter.markov_bias(latent).float()  # [R, F, D]
+        logits = logits.expand(n, f, -1).reshape(n * f, -1)  # [R*F, D] (no copy once the bias made it [R, F, D])
         if track_paths:  # the target's processors score target ids [R*F, V], with each node's prefix
             paths = front_path.reshape(n * f, k)
             row_prefix = (lambda i: prefix(i // f, paths[i])) if prefix is not None else None
@@ -115,7 +114,7 @@ def grow_tree(
             new_state = new_state.view(n, f, -1)
             front_state = new_state.gather(1, owner[:, :, None].expand(-1, -1, new_state.shape[-1]))
         count += f * top_k
-        if k + 1 < depth and _tree_is_complete(scores, front_score, size):
+        if k + 1 < depth and count >= size and _tree_is_complete(scores, front_score, size):
             break
     return _best_nodes(torch.cat(toks, 1), torch.cat(scores, 1), torch.cat(parents, 1), torch.cat(levels, 1), size)
 
@@ -124,11 +123,8 @@ def _tree_is_complete(scores: list[torch.Tensor], front_score: torch.Tensor, siz
     """Whether no deeper level can change the `size` best nodes: a descendant scores at most its frontier ancestor,
     and a deeper node that ties one of the best sorts after it, so once every row's best frontier score is at most
     its `size`-th best score so far, growing further only adds nodes `_best_nodes` drops (`scores`: per level
-    [R, M_k]; front_score [R, F])."""
-    grown = torch.cat(scores, 1)  # [R, M]
-    if grown.shape[1] < size:
-        return False
-    kth = grown.topk(size, dim=1).values[:, -1]  # [R] the size-th best score of each row
+    [R, M_k], at least `size` nodes in all; front_score [R, F])."""
+    kth = torch.cat(scores, 1).topk(size, dim=1).values[:, -1]  # [R] the size-th best score of each row
     return bool((front_score.max(dim=1).values <= kth).all())
 
 
