@@ -126,18 +126,19 @@ def reorder_last(kvs: list[torch.Tensor], order: torch.Tensor, width: int) -> No
     """Each kv [R, Hk, C, D] of `kvs` (one C for all): its last `width` columns start with their columns order [R, m],
     in place; the other W - m are left stale (the drafter's context and the target's cache after a draft tree's step
     keep the accepted path; the copy of the whole cache this replaces took ~4-6 ms of a ~120 ms fp32 step under
-    cProfile, and grew with the context). One request moves its columns with one index_select and one index_copy_
-    per tensor: ~6 us each, against ~20 us for an expanded gather and a copy into a slice (bf16, 2-core CPU; a tree
-    step moves the 60 tensors of SmolLM2's cache)."""
+    cProfile, and grew with the context). Two indexing ops per tensor: one request's columns move with index_select
+    and index_copy_ (~6 us per tensor against ~20 us for an expanded gather and a copy into a slice, bf16, 2-core CPU;
+    a tree step moves the 60 tensors of SmolLM2's cache), several requests' with advanced indexing (~15-20 us per
+    tensor at 2-8 requests, half the gather's)."""
     if not kvs:
         return
     start = kvs[0].shape[2] - width
+    src = order + start  # [R, m] absolute columns
+    dst = torch.arange(start, start + order.shape[1], device=order.device)  # [m]
     if order.shape[0] == 1:
-        src = order[0] + start  # [m] absolute columns
-        dst = torch.arange(start, start + order.shape[1], device=order.device)
         for kv in kvs:
-            kv.index_copy_(2, dst, kv.index_select(2, src))
+            kv.index_copy_(2, dst, kv.index_select(2, src[0]))
         return
+    rows = torch.arange(order.shape[0], device=order.device)[:, None]  # [R, 1]
     for kv in kvs:
-        tail = kv[:, :, start:]  # [R, Hk, W, D], a view
-        tail[:, :, : order.shape[1]].copy_(gather_kv(tail, order))
+        kv[rows, :, dst] = kv[rows, :, src]  # [R, m, Hk, D] either side
