@@ -6,6 +6,7 @@ the calls are timed in turn (the order flips every round) after a warm-up: media
 ratios old / new, plus plain `generate()` for the speedups. The texts must match (same tree, same forwards).
 
     OMP_NUM_THREADS=2 python bench_results/s44/loop_ab.py --old c7b6ca4 --rounds 7
+    OMP_NUM_THREADS=2 python bench_results/s44/loop_ab.py --old c7b6ca4 --rounds 5 --sets gsm8k,humaneval,mtbench --batch 4 --tree-size 7
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--tree-size", type=int, default=11, help="draft_tree_size for both (with its lookup branch)")
+    parser.add_argument("--sets", default=None, help="prompt sets (gsm8k,humaneval,mtbench), one call of --batch prompts each; default: the demo's prompts, one at a time")
+    parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
 
     import demo
     import hf_dspark
-    from hf_dspark.bench import default_drafter
+    from hf_dspark.bench import default_drafter, load_prompts
     from hf_dspark.targets import fast_dtype, load_target
 
     tmp = Path(tempfile.mkdtemp())
@@ -60,8 +63,11 @@ def main() -> None:
     hf_dspark.prepack_linears(drafters["old"][1])
     generate = type(model).generate
     runs = {}
-    for label, prompt in demo.PROMPTS.items():
-        enc = tok(demo.chat(tok, prompt), return_tensors="pt")
+    tok.padding_side = "left"
+    prompts = demo.PROMPTS if args.sets is None else {s: load_prompts(s, args.batch) for s in args.sets.split(",")}
+    for label, prompt in prompts.items():
+        texts = [demo.chat(tok, p) for p in ([prompt] if isinstance(prompt, str) else prompt)]
+        enc = tok(texts, return_tensors="pt", padding=True)
         kw = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
         calls = {"plain": lambda enc=enc, kw=kw: generate(model, **enc, **kw)}
         for name, (pkg, drafter) in drafters.items():
@@ -88,7 +94,7 @@ def main() -> None:
               f"new {med['new']:.3f} s ({med['plain'] / med['new']:.2f}x); paired old / new time {paired:.3f}")
     print(f"overall: old {totals['plain'] / totals['old']:.2f}x, new {totals['plain'] / totals['new']:.2f}x of plain "
           f"generate(); old / new time {totals['old'] / totals['new']:.3f} ({torch.get_num_threads()} threads, "
-          f"{args.rounds} rounds, tree of {args.tree_size})")
+          f"{args.rounds} rounds, tree of {args.tree_size}, {args.batch} prompt(s) per call)")
 
 
 if __name__ == "__main__":
