@@ -661,7 +661,7 @@ def default_tree_size(model: PreTrainedModel, drafter: DSparkDrafter, policy: Ve
     if table.steps_per_sec(num_rows) > DEFAULT_TREE_MAX_STEP_COST * table.steps_per_sec(num_rows * (size + 1)):
         return None
     most = min(size * TREE_TOP_K, last_probe // num_rows - 1)  # past its last probe a table prices no width
-    sizes = torch.arange(size, max(most, size) + 1)  # [S] candidate tree sizes
+    sizes = torch.arange(size, most + 1)  # [S] candidate tree sizes (most >= size: the check above)
     tokens_per_step = 1 + TREE_TAU_GROWTH * torch.log(sizes / size)  # [S] tau relative to the tree of block_size
     seconds = table.seconds_interpolated(num_rows * (sizes + 1))  # [S] a verify step of N + 1 tokens per row
     return int(sizes[torch.argmax(tokens_per_step / seconds)])  # the smallest of equals
