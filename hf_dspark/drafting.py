@@ -64,7 +64,7 @@ def draft_block(
         base,
         hidden.float(),
         anchor,
-        head.markov_w1.weight.float() if head is not None else None,
+        head.markov_w1.weight if head is not None else None,  # [V, r]: the sampler converts only the rows it reads
         head.markov_w2.weight.float() if head is not None else None,
         conf.proj.weight[0].float() if conf is not None else None,
         conf.proj.bias.float() if conf is not None else None,

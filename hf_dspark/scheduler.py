@@ -649,7 +649,13 @@ class AdaptiveVerification(VerifyPolicy):
     - until a step has drafted, the survival is `prior_survival` (e.g. `geometric_survival` of the drafter's
       held-out tau): a weak drafter under load starts with plain steps and the probe schedule, as if it had been
       skipping (forcing a first draft cost ~2 plain steps at batch 64 on a CPU); without a prior the first step
-      drafts the full block (~5 plain steps at batch 64).
+      drafts the full block (~5 plain steps at batch 64);
+    - a prior that says skip is a guess about a text not seen yet, so the first step of a call drafts anyway (an
+      opening probe at the best depth >= 1) when its extra seconds, catch-up included, are at most
+      `opening_budget` of the call's plain decoding time (its longest request's tokens left x a plain step). The
+      held-out tau behind the prior (2.0) is well below a math prompt's (~2.6): at 8 GSM8K prompts x 64 tokens the
+      prior kept every step of a call plain, while a call whose first step drafted went on drafting at depth 4-6
+      (`bench_results/s45`).
     Every choice uses earlier steps only: exact.
 
     A new generate call (`reset()`) is a new text: the last call's skip run and probe schedule go, and so does
@@ -674,6 +680,7 @@ class AdaptiveVerification(VerifyPolicy):
             whose batch waits for its slowest request; False where finished requests are replaced at once.
         remeasure_margin, remeasure_budget: the relative gain of drafting below which the plain price is measured
             again, and the most of the steps since its last measurement that doing so may cost (0: never).
+        opening_budget: most of a call's plain decoding time that its opening probe may cost (0: no opening probe).
     """
 
     needs_confidence = True
@@ -692,6 +699,7 @@ class AdaptiveVerification(VerifyPolicy):
         static_batch: bool = True,
         remeasure_margin: float = 0.25,
         remeasure_budget: float = 0.005,
+        opening_budget: float = 0.02,
     ):
         if not 1 <= probe_every <= max_probe_every:
             raise ValueError(f"Need 1 <= probe_every <= max_probe_every, got {probe_every} and {max_probe_every}.")
@@ -701,7 +709,11 @@ class AdaptiveVerification(VerifyPolicy):
             raise ValueError(f"probe_budget must be a fraction >= 0 (math.inf: no budget), got {probe_budget}.")
         if not (remeasure_margin >= 0 and remeasure_budget >= 0):
             raise ValueError(f"Need remeasure_margin >= 0 and remeasure_budget >= 0, got {remeasure_margin} and {remeasure_budget}.")
+        if not opening_budget >= 0:
+            raise ValueError(f"opening_budget must be a fraction >= 0, got {opening_budget}.")
         self.remeasure_margin, self.remeasure_budget = float(remeasure_margin), float(remeasure_budget)
+        self.opening_budget = float(opening_budget)
+        self._opening = True  # the next decision is a call's first
         self.prior_survival = None if prior_survival is None else _checked_survival(torch.as_tensor(prior_survival).reshape(1, -1))
         self.probe_budget = float(probe_budget)
         self.static_batch = static_batch
@@ -721,7 +733,7 @@ class AdaptiveVerification(VerifyPolicy):
         self._outcomes: deque[tuple[float, int]] = deque(maxlen=acceptance_window)  # (predicted, accepted) per drafted step
 
     def reset(self) -> None:
-        self._skip_run, self._decision = None, None
+        self._skip_run, self._decision, self._opening = None, None, True
         self._skipped, self._skipped_s, self._interval, self._probes = 0, 0.0, self.probe_every, 0
         if not self.carry_over:
             self._outcomes.clear()
@@ -741,6 +753,7 @@ class AdaptiveVerification(VerifyPolicy):
             self._skipped += 1  # a clear skip stands (see SKIP_RECHECK)
             return 0
         self._skip_run = None
+        opening, self._opening = self._opening, False
         use = None  # [R] as Python ints: Python numbers throughout a decision (see `_rates`)
         if usable is not None:
             use = usable.tolist() if isinstance(usable, Tensor) else [int(u) for u in usable]
@@ -766,8 +779,12 @@ class AdaptiveVerification(VerifyPolicy):
             if gain < 1.0 + self.remeasure_margin and self.costs.age(0, num_requests) * self.remeasure_budget >= 1.0 - 1.0 / gain:
                 return 0  # a close call against a plain price measured long ago: measure it again
             return depth
-        self._skipped += 1
         catch_up = self.costs.catch_up_seconds(num_requests * catch_up_columns(pending_columns, block_size))
+        if opening and self._survival is None and use is not None:  # the prior's skip: probe the new text once
+            probe = _drafting_depth(rates)
+            if seconds[probe] - seconds[0] + catch_up <= self.opening_budget * max(use) * seconds[0]:
+                return probe
+        self._skipped += 1
         probe = self._probe_depth(rates, seconds, catch_up) if self._skipped > self._interval else 0
         if probe == 0:
             if max(rates[1:]) <= SKIP_MARGIN * rates[0]:  # a clear skip stands for a few steps (never past a probe's turn)

@@ -84,7 +84,8 @@ def flatten_ragged(
 ) -> torch.Tensor:
     """Keep the first l_r + 1 rows of each request -> [T, V], T = sum l_r + R, request order. With one position per
     request (L = 0: a plain decoding step) that is the position itself, returned as a view of target_rows: the
-    boolean gather it replaces copied the whole [R, V] (about 0.1 ms of a batch-1 step on CPU)."""
+    boolean gather it replaces copied the whole [R, V] (about 0.1 ms of a batch-1 step on CPU). So is a batch in
+    which every request keeps all its rows (3 ms of an 8-request chain step of [8, 8, 49152] fp32 rows on CPU)."""
     check(target_rows.dim() == 3 and num_verify.numel() == target_rows.shape[0],
           f"flatten_ragged needs target_rows [R, L+1, V] and num_verify [R]; got {tuple(target_rows.shape)} "
           f"and {num_verify.numel()} counts.")
@@ -96,10 +97,12 @@ def flatten_ragged(
         return target_rows.new_empty((0, V))
     if W == 1:
         return target_rows[:, 0]
+    if num_verify.device.type == "cpu" and bool((num_verify == W - 1).all()):  # all rows kept (a full chain): a view
+        return target_rows.reshape(R * W, V)
     if select_backend(backend, target_rows, num_verify) == "triton":
         return _flatten_ragged_triton(target_rows, num_verify)
-    keep = torch.arange(W, device=target_rows.device)[None, :] <= num_verify.to(target_rows.device)[:, None]
-    return target_rows[keep]
+    keep = torch.arange(W, device=target_rows.device)[None, :] <= num_verify.to(target_rows.device)[:, None]  # [R, W]
+    return target_rows.reshape(R * W, V).index_select(0, keep.reshape(-1).nonzero().squeeze(1))  # ~0.6x a bool gather
 
 
 # --------------------------------------------------------------------------------------------

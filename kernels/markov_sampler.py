@@ -30,7 +30,7 @@ def markov_sample_block(
     base_logits: torch.Tensor,                # [R, B, D] drafter logits U_k over the draft vocabulary
     hidden: torch.Tensor | None,              # [R, B, H] drafter hidden states h_k (for confidence)
     anchor_ids: torch.Tensor,                 # [R] int64 last committed (target) token per request
-    w1: torch.Tensor | None,                  # [V, r] Markov embedding (by target id), or None (no Markov head)
+    w1: torch.Tensor | None,                  # [V, r] Markov embedding (by target id; any float dtype: read as w2's), or None
     w2: torch.Tensor | None,                  # [D, r] Markov output projection, or None
     conf_weight: torch.Tensor | None,         # [H + r] or [H] (any shape with that many entries), or None
     conf_bias: torch.Tensor | float | None,   # 0-d / [1]

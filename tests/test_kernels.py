@@ -388,6 +388,8 @@ def test_flatten_ragged_keeps_each_requests_verified_rows():
     assert torch.equal(flat, torch.cat([rows[0, :3], rows[1, :1], rows[2, :4]]))
     plain = flatten_ragged(rows[:, :1], torch.zeros(3, dtype=torch.long, device=DEVICE), backend="torch", debug=True)
     assert torch.equal(plain, rows[:, 0])  # a plain step: the one position of each request
+    full = flatten_ragged(rows, torch.full((3,), 3, device=DEVICE), backend="torch", debug=True)
+    assert torch.equal(full, rows.reshape(12, 5))  # every request keeps all its rows (a full chain)
 
 
 # --------------------------------------------------------------------------------------------

@@ -640,6 +640,35 @@ def test_before_any_draft_the_prior_is_the_survival():
     assert depths == [0, 0, 0, 0, 1]  # skips like a scheduler that measured a weak drafter, then probes
 
 
+def test_a_call_whose_prior_says_skip_opens_with_one_probe():
+    """The prior is a guess about a text not seen yet: where it says skip, a call's first step drafts anyway (the
+    best depth >= 1) when that costs at most `opening_budget` of the call's plain time; the rest of the call follows
+    what the probe found, and the next call opens again."""
+    table = StepTimeTable([1, 8], [10.0, 9.0], max_batch_tokens=64)
+    dear = FixedStepCosts([0.1] + [0.15 + 0.01 * L for L in range(1, 8)])  # a depth-1 probe's extra: 0.06 s
+    sure, doubtful = torch.full((1, 7), 8.0), torch.full((1, 7), -6.0)
+    policy = AdaptiveVerification(table, costs=dear, prior_survival=geometric_survival(1.108, 7), carry_over=True)
+
+    def step(usable, confidence):
+        depth = policy.draft_depth(1, 7, usable=[usable])
+        if depth:
+            policy.lengths(confidence[:, :depth], depth)
+        policy.observe_step(1, depth, float(dear.seconds(1, 7)[depth]), 0.0,
+                            accepted=torch.full((1,), depth if confidence is sure else 0))
+        return depth
+
+    assert step(64, sure) == 1  # 0.06 s <= 2% of 64 plain steps (0.128 s): the prior's skip is probed
+    assert step(63, sure) == 7  # this text drafts well: the full block from here on
+    policy.reset()
+    assert [step(64, doubtful) for _ in range(4)] == [1, 0, 0, 0]  # one probe per call, then what it found
+    policy.reset()
+    assert step(4, sure) == 0  # a call of 4 tokens: 0.06 s > 2% of 0.4 s
+    closed = AdaptiveVerification(table, costs=dear, prior_survival=geometric_survival(1.108, 7), opening_budget=0.0)
+    assert closed.draft_depth(1, 7, usable=[64]) == 0
+    with pytest.raises(ValueError, match="opening_budget"):
+        AdaptiveVerification(table, opening_budget=-1.0)
+
+
 def _simulated_static_batch_seconds(alpha, left, depth, cost, trials=4000, seed=0):
     """Monte Carlo of a static batch drafting at `depth` every step, each draft accepted with probability alpha, a
     step with R' requests at depth d costing cost(R', d). Returns the mean seconds over `trials` batches twice:
