@@ -18,7 +18,10 @@ batch alike. Reported per contender:
 - decode: the same with each call's time to first token (the prefill, identical work for every contender)
   taken out, and the first token of each row not counted; TTFT is the median time to first token per call;
 - scheduler ms/step: time in the verify policy (the scheduler's decisions and bookkeeping) per decoding step;
-- `identical_to_plain` compares greedy outputs with an untimed plain pass;
+- `identical_to_plain` compares greedy outputs with an untimed plain pass (with `--temperature` every contender
+  samples and outputs are not compared: our contenders draw from the target's own distribution, so the lengths of
+  their texts follow the same law as plain's and the ratios stay unbiased, if noisier; the sampling exactness is a
+  statistical test in `tests/`);
 - `other_cpu_cores`: how many cores other processes kept busy during the timed passes; above 0.25 the report warns
   that the timings measure contention (a bench beside a training job is not a bench).
 """
@@ -130,14 +133,29 @@ def _new_token_counts(sequences: torch.Tensor, prompt_len: int, eos: set[int]) -
     return counts
 
 
+def check_sampling(temperature: float, synthetic_acceptance: float | None) -> None:
+    """A temperature >= 0, and none with synthetic drafts (they are a batch's greedy output)."""
+    if not temperature >= 0:
+        raise ValueError(f"--temperature must be >= 0 (0: greedy), got {temperature}.")
+    if temperature > 0 and synthetic_acceptance:
+        raise ValueError("--synthetic-acceptance drafts each batch's greedy output; drop it or --temperature.")
+
+
 class Bench:
     def __init__(
         self, model, tokenizer, drafter, dflash_drafter=None, max_new_tokens: int = 128, profile_kwargs=None,
         synthetic_acceptance: float | None = None, custom_runners: dict[str, Callable[[dict], Any]] | None = None,
-        tree_size: int = TREE_SIZE, lookup_tokens: int = LOOKUP_TOKENS,
+        tree_size: int = TREE_SIZE, lookup_tokens: int = LOOKUP_TOKENS, temperature: float = 0.0, seed: int = 0,
     ) -> None:
         """`custom_runners`: extra contenders by name, each a callable running one encoded batch (`run(enc)` ->
-        sequences), timed and checked like the built-in ones (e.g. a scheduler variant in a diagnostic script)."""
+        sequences), timed and checked like the built-in ones (e.g. a scheduler variant in a diagnostic script).
+        `temperature` > 0: every contender samples at that temperature (the target's generation config sets the rest,
+        e.g. top_k); `seed` seeds torch at the start of each `run`."""
+        check_sampling(temperature, synthetic_acceptance)
+        self.sampling = dict(do_sample=False)
+        if temperature > 0:
+            self.sampling = dict(do_sample=True, temperature=float(temperature))
+        self.seed = seed
         self.custom_runners = dict(custom_runners or {})
         if clash := set(self.custom_runners) & set(CONTENDERS):
             raise ValueError(f"custom_runners may not reuse built-in contender names: {sorted(clash)}.")
@@ -159,7 +177,7 @@ class Bench:
         return self.tok(texts, return_tensors="pt", padding=True).to(self.model.device)
 
     def runner(self, contender: str) -> Callable[[dict], Any]:
-        m, kw = self.model, dict(max_new_tokens=self.max_new_tokens, do_sample=False)
+        m, kw = self.model, dict(max_new_tokens=self.max_new_tokens, **self.sampling)
         if contender in self.custom_runners:
             return self.custom_runners[contender]
         if contender == "plain":
@@ -220,6 +238,7 @@ class Bench:
     def run(self, prompt_set: str, prompts: list[str], batch_size: int, contenders: list[str], repeats: int) -> list[Record]:
         """Time every contender on the same batches: in each pass every batch is run by all contenders back to back,
         in an order that rotates from call to call (see the module docstring)."""
+        torch.manual_seed(self.seed)
         total = -(-len(prompts) // batch_size) * batch_size  # whole batches, prompts cycled to fill the last
         cycled = [prompts[i % len(prompts)] for i in range(total)]
         batches = [cycled[i : i + batch_size] for i in range(0, total, batch_size)]
@@ -257,7 +276,8 @@ class Bench:
             decode_tokens = sum(max(n - 1, 0) for n in new)  # each row's first token comes with the prefill
             rec.decode_tokens_per_s = decode_tokens / statistics.median(sum(d) for d in decode_seconds(rec))
             rec.ttft_s = statistics.median(t for ttfts in rec.calls_ttft_s for t in ttfts)
-            rec.identical_to_plain = all(torch.equal(a, b) for a, b in zip(outputs[rec.contender], reference))
+            if not self.sampling["do_sample"]:  # sampled texts differ from call to call
+                rec.identical_to_plain = all(torch.equal(a, b) for a, b in zip(outputs[rec.contender], reference))
             if done := [s for per_batch in stats[rec.contender] for s in per_batch]:
                 accepted = [a for s in done for a in s.accepted_lengths]
                 verified = [v for s in done for v in s.verified_lengths]
@@ -414,7 +434,7 @@ def markdown_table(records: list[Record]) -> str:
             f"| {r.prompt_set} | {r.batch_size} | {r.contender} | {r.tokens_per_s:.1f} | {r.speedup_vs_plain:.2f}x{spread} | "
             f"{fmt(r.p_slower, '.3f')} | {fmt(r.decode_speedup_vs_plain, '.2f', 'x')} | {fmt(r.ttft_s, '.2f')} | {fmt(r.mean_accepted_length, '.2f')} | "
             f"{fmt(r.verified_drafts_per_request, '.2f')} | {fmt(r.scheduler_ms_per_step, '.3f')} | "
-            f"{'yes' if r.identical_to_plain else 'NO'} |"
+            f"{'-' if r.identical_to_plain is None else 'yes' if r.identical_to_plain else 'NO'} |"
         )
     return "\n".join(lines)
 
@@ -479,6 +499,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "dspark_tree_lookup those and a prompt-lookup branch competing for the N places")
     p.add_argument("--lookup-tokens", type=int, default=LOOKUP_TOKENS, metavar="K",
                    help="dspark_tree_lookup's prompt-lookup branch: at most K tokens")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 (default): greedy, every output checked against plain generate(); > 0: every contender "
+                        "samples at this temperature (outputs not compared)")
+    p.add_argument("--seed", type=int, default=0, help="torch's seed at the start of each set and batch size")
     p.add_argument("--json", default=None, help="write the records (a JSON list) here")
     p.add_argument("--plots", default=None, help="write PNG plots into this folder")
     p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
@@ -502,6 +526,7 @@ def run_cli(args: argparse.Namespace) -> int:
     prompt_lists = {s: load_prompts(s, max(args.n, max(sizes))) for s in sets}  # validate before loading models
     if args.repeats < 1 or args.n < 1 or args.max_new_tokens < 1:
         raise ValueError("--repeats, --n and --max-new-tokens must be positive.")
+    check_sampling(args.temperature, args.synthetic_acceptance)
     if args.synthetic_acceptance is not None:
         if not 0 < args.synthetic_acceptance < 1:
             raise ValueError(f"--synthetic-acceptance must be in (0, 1), got {args.synthetic_acceptance}.")
@@ -522,7 +547,7 @@ def run_cli(args: argparse.Namespace) -> int:
         "warmup": 1,
     }
     bench = Bench(model, tok, drafter, twin, args.max_new_tokens, profile_kwargs, args.synthetic_acceptance,
-                  tree_size=args.tree_size, lookup_tokens=args.lookup_tokens)
+                  tree_size=args.tree_size, lookup_tokens=args.lookup_tokens, temperature=args.temperature, seed=args.seed)
     records: list[Record] = []
     for s, prompts in prompt_lists.items():
         for bs in sizes:

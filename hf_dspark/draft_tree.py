@@ -20,6 +20,7 @@ exact verifier can do for a fixed set of candidates.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -211,27 +212,32 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
 
 def accept_tree(
     tree: DraftTree,
-    choice: torch.Tensor,  # [R, N + 1] the target's greedy token after each verify slot (anchor first)
+    choice: torch.Tensor | Callable[[int, int], int],  # [R, N + 1], or (row, slot) -> token (see below)
     caps: torch.Tensor,  # [R] the most drafts each row may accept
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Greedy acceptance on a tree -> (emitted [R, N + 1]: the accepted path's drafts, then the target's token after
-    them, then -1; num_acc [R]; order [R, N + 1]: the verify slots with the anchor and the accepted path first, in
-    path order, then the others).
+    """Acceptance on a tree -> (emitted [R, N + 1]: the accepted path's drafts, then the target's token after them,
+    then -1; num_acc [R]; order [R, N + 1]: the verify slots with the anchor and the accepted path first, in path
+    order, then the others).
 
-    The walk runs on Python lists: a tree has a few dozen slots per row, and one tensor op per slot cost ~0.6 ms of a
-    ~43 ms batch-1 step (bf16, 2-core CPU), about ten times the walk."""
+    `choice` gives the target's token after each verify slot (anchor first): a tensor of them (greedy), or a function
+    (row, slot) -> token called once for each slot the walk reaches (sampling: it draws there, and a draw at a slot the
+    walk never reaches would go unused). The walk runs on Python lists: a tree has a few dozen slots per row, and one
+    tensor op per slot cost ~0.6 ms of a ~43 ms batch-1 step (bf16, 2-core CPU), about ten times the walk."""
     width = tree.tokens.shape[1] + 1
+    picks = choice.tolist() if isinstance(choice, torch.Tensor) else None
     emitted, num_acc, order = [], [], []
-    for tokens, parents, picks, cap in zip(tree.tokens.tolist(), tree.parents.tolist(), choice.tolist(), caps.tolist()):
+    for row, (tokens, parents, cap) in enumerate(zip(tree.tokens.tolist(), tree.parents.tolist(), caps.tolist())):
+        pick = picks[row].__getitem__ if picks is not None else functools.partial(choice, row)
         child: dict[tuple[int, int], int] = {}
         for j, key in enumerate(zip(parents, tokens)):  # (parent slot, token) -> slot (a node's children differ)
             child.setdefault(key, j + 1)
-        path = [0]  # the anchor's slot, then the accepted nodes'
-        while len(path) <= cap and (nxt := child.get((path[-1], picks[path[-1]]))) is not None:
+        path, token = [0], pick(0)  # the anchor's slot, then the accepted nodes'; the target's token after the last
+        while len(path) <= cap and (nxt := child.get((path[-1], token))) is not None:
             path.append(nxt)  # a node's level is its depth on the path: level < cap
+            token = pick(nxt)
         on_path = set(path)
         order.append(path + [s for s in range(width) if s not in on_path])
-        emitted.append([tokens[s - 1] for s in path[1:]] + [picks[path[-1]]] + [-1] * (width - len(path)))
+        emitted.append([tokens[s - 1] for s in path[1:]] + [token] + [-1] * (width - len(path)))
         num_acc.append(len(path) - 1)
-    as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=choice.device)  # noqa: E731
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=tree.tokens.device)  # noqa: E731
     return as_tensor(emitted), as_tensor(num_acc), as_tensor(order)

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from .draft_tree import TREE_TOP_K, DraftTree, grow_tree
-from .kernels import first_argmax, markov_sample_block
+from .kernels import exp_noise, first_argmax, markov_sample_block
 from .modeling import DSparkDrafter, KVCache
 from .processing import Processing
 
@@ -59,7 +59,7 @@ def draft_block(
     temperature = 0.0
     if processing.do_sample:
         temperature = float(processing.processors[0].temperature) if processing.processors else 1.0
-    noise = torch.empty_like(base).exponential_() if temperature > 0 else None  # [N, depth, D]
+    noise = exp_noise(*base.shape, device=base.device) if temperature > 0 else None  # [N, depth, D]
     tokens, q, conf_logits = markov_sample_block(
         base,
         hidden.float(),

@@ -10,14 +10,17 @@ from .dispatch import HAS_TRITON
 from .layout import build_cu_num_draft, build_verify_inputs, flatten_ragged, gather_kv
 from .markov_sampler import markov_sample_block
 from .rejection import rejection_sample
+from .sampling import exp_noise, sample_index
 
 __all__ = [
     "HAS_TRITON",
     "build_cu_num_draft",
     "build_verify_inputs",
+    "exp_noise",
     "first_argmax",
     "flatten_ragged",
     "gather_kv",
     "markov_sample_block",
     "rejection_sample",
+    "sample_index",
 ]

@@ -53,7 +53,7 @@ def markov_sample_block(
             check_token_range(draft_ids, w1.shape[0], "draft_ids")
         if not greedy and exp_noise.numel():
             check(bool((exp_noise > 0).all()),
-                  "exp_noise must be positive Exp(1) samples; draw them with torch.empty(...).exponential_().")
+                  "exp_noise must be positive Exp(1) samples; draw them with hf_dspark.kernels.exp_noise(...).")
     device = base_logits.device
     if R == 0 or B == 0:
         return (torch.empty((R, B), dtype=torch.long, device=device),

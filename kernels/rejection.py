@@ -99,7 +99,7 @@ def _check_values(target_probs, draft_token_ids, draft_probs, cu_num_draft, unif
                   "uniforms must lie in [0, 1); draw them with torch.rand.")
         if exp_noise.numel():
             check(bool((exp_noise > 0).all()),
-                  "exp_noise must be positive Exp(1) samples; draw them with torch.empty(...).exponential_().")
+                  "exp_noise must be positive Exp(1) samples; draw them with hf_dspark.kernels.exp_noise(...).")
 
 
 # --------------------------------------------------------------------------------------------

@@ -47,6 +47,10 @@ def test_cli_reports_bad_input_clearly(capsys):
     assert "(0, 1)" in capsys.readouterr().err
     assert main(["bench", "--synthetic-acceptance", "0.8", "--contenders", "plain,hf_dflash"]) == 2
     assert "our drafter's chain contenders" in capsys.readouterr().err
+    assert main(["bench", "--temperature", "-1"]) == 2
+    assert "--temperature must be >= 0" in capsys.readouterr().err
+    assert main(["bench", "--temperature", "0.7", "--synthetic-acceptance", "0.8", "--contenders", "plain,dspark"]) == 2
+    assert "drop it or --temperature" in capsys.readouterr().err
 
 
 def test_cli_help_lists_every_command():
@@ -167,6 +171,26 @@ def test_transformers_loop_contenders_match_plain(smollm2):
     assert native.supported and native.identical_to_plain and native.new_tokens == plain.new_tokens == 24
     assert hf_loop.supported and hf_loop.identical_to_plain and hf_loop.new_tokens == 24
     assert hf_loop.mean_accepted_length >= 1.0 and len(hf_loop.per_position_acceptance) == drafter.config.block_size
+
+
+def test_sampled_bench_compares_no_texts_and_is_seeded(smollm2):
+    """With a temperature every contender samples, the table says "-" under identical, and the same seed draws the
+    same texts again."""
+    from hf_dspark.modeling import DSparkDrafter
+
+    model, tok = smollm2
+    drafter = DSparkDrafter.from_pretrained(str(bench.default_drafter()), target=model)
+    b = bench.Bench(model, tok, drafter, max_new_tokens=10, temperature=0.7, seed=3)
+    prompts = bench.load_prompts("mtbench", 2)
+    plain, tree = b.run("mtbench", prompts, 2, ["plain", "dspark_default"], repeats=1)
+    assert plain.new_tokens > 0 and tree.new_tokens > 0 and tree.mean_accepted_length >= 1.0
+    assert plain.identical_to_plain is None and tree.identical_to_plain is None
+    assert bench.markdown_table([plain, tree]).splitlines()[-1].endswith("| - |")
+    enc = b.encode(prompts)
+    torch.manual_seed(5)
+    first = b.runner("dspark_default")(enc)
+    torch.manual_seed(5)
+    assert torch.equal(b.runner("dspark_default")(enc), first)
 
 
 def test_tree_contender_matches_plain_and_refuses_synthetic_drafts(smollm2):

@@ -383,7 +383,7 @@ def test_sampling_test_catches_a_wrong_verifier(small_vocab, monkeypatch):
 
     monkeypatch.setattr(G, "rejection_sample", accept_everything)
     counts = sample_counts(target, prompt, assistant_model=drafter)
-    assert _sampling.chi_square_pvalue(counts, probs) < 1e-6
+    assert _sampling.chi_square_pvalue(counts, probs) < 1e-5  # two orders below what a right sampler must pass
 
 
 def test_sampling_test_catches_a_wrong_tree_walk(small_vocab, monkeypatch):
@@ -392,11 +392,11 @@ def test_sampling_test_catches_a_wrong_tree_walk(small_vocab, monkeypatch):
     real = G.accept_tree
 
     def follow_first_child(tree, choice, caps):
-        choice = choice.clone()
-        rows = torch.arange(choice.shape[0])
-        for j in reversed(range(tree.tokens.shape[1])):  # the first child written last wins
-            choice[rows, tree.parents[:, j]] = tree.tokens[:, j]
-        return real(tree, choice, caps)
+        first = [{} for _ in range(tree.tokens.shape[0])]  # per row: slot -> its first child's token
+        for row, (parents, tokens) in enumerate(zip(tree.parents.tolist(), tree.tokens.tolist())):
+            for p, t in zip(parents, tokens):
+                first[row].setdefault(p, t)
+        return real(tree, lambda row, slot: first[row].get(slot, choice(row, slot)), caps)
 
     monkeypatch.setattr(G, "accept_tree", follow_first_child)
     counts = sample_counts(target, prompt, assistant_model=drafter, draft_tree_size=9)

@@ -15,8 +15,8 @@ CUDA = torch.cuda.is_available()
 if not CUDA:   # must precede the first import of triton (transformers may import it: see the skip reason)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from hf_dspark.kernels import (build_cu_num_draft, build_verify_inputs, first_argmax, flatten_ragged,  # noqa: E402
-                               gather_kv, markov_sample_block, rejection_sample)
+from hf_dspark.kernels import (build_cu_num_draft, build_verify_inputs, exp_noise, first_argmax, flatten_ragged,  # noqa: E402
+                               gather_kv, markov_sample_block, rejection_sample, sample_index)
 from hf_dspark.kernels.dispatch import HAS_TRITON, INTERPRETED, select_backend  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
@@ -184,6 +184,21 @@ def test_one_draft_output_follows_target_distribution(backend):
     assert _chisquare_pvalue(tokens[:, 0], P0) > 1e-3
     # acceptance rate is sum_v min(p, q) = 1 - TV(p, q)
     assert abs(accepted.float().mean().item() - torch.minimum(P0, Q0).sum().item()) < 0.01
+
+
+def test_sample_index_and_exp_noise_draw_the_distributions_they_replace():
+    """`sample_index` draws i with probability probs[i] / sum (never a zero entry); argmax(probs / exp_noise) too."""
+    torch.manual_seed(0)
+    probs = torch.tensor([0.0, 0.2, 0.0, 0.4, 0.6, 0.0, 0.8])  # unnormalised, zeros inside and at the end
+    draws = torch.tensor([sample_index(probs) for _ in range(20_000)])
+    support = torch.tensor([1, 3, 4, 6])
+    position = torch.full((probs.numel(),), -1).index_put_((support,), torch.arange(4))  # support index of a token
+    assert set(draws.unique().tolist()) == set(support.tolist())
+    assert _chisquare_pvalue(position[draws], probs[support]) > 1e-3
+    noise = exp_noise(50_000, probs.numel())
+    assert bool((noise > 0).all()) and abs(noise.mean().item() - 1.0) < 0.01  # Exp(1): mean 1
+    assert _chisquare_pvalue(position[(probs / noise).argmax(-1)], probs[support]) > 1e-3
+    assert sample_index(torch.tensor([0.0, 0.0, 1.0])) == 2
 
 
 @pytest.mark.parametrize("rule", ["accept_if_u_below_p", "resample_from_target"])

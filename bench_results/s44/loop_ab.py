@@ -3,10 +3,12 @@
 The older commit's `hf_dspark` (and its kernels) is unpacked under a temporary name (`hf_dspark_old`; the package
 imports itself relatively), both loops run through `generate(custom_generate=...)` with the same explicit tree, and
 the calls are timed in turn (the order flips every round) after a warm-up: medians per prompt and paired per-call
-ratios old / new, plus plain `generate()` for the speedups. The texts must match (same tree, same forwards).
+ratios old / new, plus plain `generate()` for the speedups. The texts must match (same tree, same forwards); with
+--temperature every call samples (torch seeded per call) and the texts are not compared.
 
     OMP_NUM_THREADS=2 python bench_results/s44/loop_ab.py --old c7b6ca4 --rounds 7
     OMP_NUM_THREADS=2 python bench_results/s44/loop_ab.py --old c7b6ca4 --rounds 5 --sets gsm8k,humaneval,mtbench --batch 4 --tree-size 7
+    OMP_NUM_THREADS=2 python bench_results/s44/loop_ab.py --old b51c2c8 --rounds 4 --temperature 0.7   # session 45
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def main() -> None:
     parser.add_argument("--tree-size", type=int, default=11, help="draft_tree_size for both (with its lookup branch)")
     parser.add_argument("--sets", default=None, help="prompt sets (gsm8k,humaneval,mtbench), one call of --batch prompts each; default: the demo's prompts, one at a time")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=0.0, help="> 0: sample at this temperature")
     args = parser.parse_args()
 
     import demo
@@ -68,19 +71,23 @@ def main() -> None:
     for label, prompt in prompts.items():
         texts = [demo.chat(tok, p) for p in ([prompt] if isinstance(prompt, str) else prompt)]
         enc = tok(texts, return_tensors="pt", padding=True)
-        kw = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
+        kw = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0)
+        if args.temperature > 0:
+            kw["temperature"] = args.temperature
         calls = {"plain": lambda enc=enc, kw=kw: generate(model, **enc, **kw)}
         for name, (pkg, drafter) in drafters.items():
             calls[name] = lambda enc=enc, kw=kw, pkg=pkg, d=drafter: generate(
                 model, **enc, **kw, custom_generate=pkg.generate, drafter=d, draft_tree_size=args.tree_size)
         outs = {name: call() for name, call in calls.items()}
         tau = drafters["new"][1].last_stats.mean_accepted_length
-        print(f"{label}: same text old / new: {torch.equal(outs['old'], outs['new'])}, tau {tau:.2f}")
+        same = "sampled" if args.temperature > 0 else torch.equal(outs["old"], outs["new"])
+        print(f"{label}: same text old / new: {same}, tau {tau:.2f}")
         runs[label] = calls
     times = {label: {name: [] for name in calls} for label, calls in runs.items()}
     for r in range(args.rounds):
         for label, calls in runs.items():
             for name in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
+                torch.manual_seed(r)
                 start = time.perf_counter()
                 calls[name]()
                 times[label][name].append(time.perf_counter() - start)
