@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from .draft_tree import TREE_TOP_K, DraftTree, grow_tree
-from .kernels import exp_noise, first_argmax, markov_sample_block
+from .kernels import exp_noise, first_argmax, markov_sample_block, sample_rows
 from .modeling import DSparkDrafter, KVCache
 from .processing import Processing
 
@@ -139,7 +139,7 @@ def _sequential(drafter, base, hidden, anchor, processing, prefix, markov, state
         scores = processing(logits, row_prefix)
         if processing.do_sample:
             q = torch.softmax(scores, dim=-1)
-            x = torch.multinomial(q, 1).squeeze(1)
+            x = sample_rows(q)  # torch.multinomial's draw with cheaper noise (kernels/sampling.py)
             qs.append(q)
         else:
             x = first_argmax(scores)

@@ -56,7 +56,7 @@ from .draft_context import DraftContext, reorder_last
 from .draft_tree import NO_NODE, TREE_TOP_K, accept_tree, ancestor_mask, check_draft_tree_size, graft_branch
 from .drafting import Draft
 from .kernels import (build_cu_num_draft, build_verify_inputs, first_argmax, flatten_ragged, gather_kv, rejection_sample,
-                      exp_noise, sample_index)
+                      exp_noise, sample_index, sample_rows)
 from .modeling import DSparkDrafter
 from .prepack import prepack_like
 from .processing import Processing
@@ -472,7 +472,7 @@ def _prefill(call: _Call, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     dense = bool(attn.all())  # no padding: no attention mask
     logits = _target_forward(call, input_ids, None if dense else attn, positions, last_only=True)  # [N, 1, V]
     scores = call.processing(logits[:, -1].float(), lambda i: (i, call.prompt_rows[i]))  # [N, V]
-    first = torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1) if call.do_sample else first_argmax(scores)
+    first = sample_rows(torch.softmax(scores, -1)) if call.do_sample else first_argmax(scores)
     call.stats.verify_time_s += time.perf_counter() - t0
     anchor_pos = attn.long().sum(-1)  # the first generated token's position, per row
     call.prompt_starts = (input_ids.shape[1] - anchor_pos).tolist()

@@ -10,7 +10,7 @@ from .dispatch import HAS_TRITON
 from .layout import build_cu_num_draft, build_verify_inputs, flatten_ragged, gather_kv
 from .markov_sampler import markov_sample_block
 from .rejection import rejection_sample
-from .sampling import exp_noise, sample_index
+from .sampling import exp_noise, sample_index, sample_rows
 
 __all__ = [
     "HAS_TRITON",
@@ -23,4 +23,5 @@ __all__ = [
     "markov_sample_block",
     "rejection_sample",
     "sample_index",
+    "sample_rows",
 ]

@@ -34,6 +34,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..generation import cache_kwarg, takes_logits_to_keep
 from ..io_utils import atomic_path, write_json_atomic
+from ..kernels import sample_rows
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -375,7 +376,7 @@ def _decode_batch(model, prompts: list[list[int]], settings: GenerationSettings,
         logits = model(input_ids=step_ids, attention_mask=att, position_ids=step_pos, use_cache=True, **last_only,
                        **cache_arg).logits[:, -1].float()  # [R, V]
         if settings.do_sample:
-            nxt = torch.multinomial(torch.softmax(warpers(None, logits), -1), 1).squeeze(1)
+            nxt = sample_rows(torch.softmax(warpers(None, logits), -1))  # torch.multinomial's draw, cheaper noise
         else:
             nxt = logits.argmax(-1)
         keep = []
