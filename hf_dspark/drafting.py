@@ -126,23 +126,29 @@ def _sequential(drafter, base, hidden, anchor, processing, prefix, markov, state
     n, b, _ = base.shape
     prev = anchor
     tokens, qs, confs = [], [], []
+    # processors that read only scores (temperature, top-k/p, ...) treat the -inf outside a reduced draft vocabulary
+    # as absent, so they run over its D columns (as in grow_tree); those that read the prefix get the target's V
+    draft_ids = None if processing.reads_prefix else drafter.draft_target_ids()  # [D] target ids, or None
     for k in range(b):
         logits = base[:, k]
         if markov:
             latent, state = drafter.markov_latent(prev, hidden[:, k], state)
             if latent is not None:
                 logits = logits + drafter.markov_bias(latent).float()
-        logits = drafter.to_target_vocab(logits)  # [N, V]: -inf where the drafter cannot propose (q = 0 there)
+        if draft_ids is None:
+            logits = drafter.to_target_vocab(logits)  # [N, V]: -inf where the drafter cannot propose (q = 0 there)
         confs.append(drafter.confidence_logit(hidden[:, k], prev))
         drafted = torch.stack(tokens, dim=1) if tokens else anchor.new_zeros((n, 0))
         row_prefix = (lambda i, d=drafted: prefix(i, d[i])) if prefix is not None else None
-        scores = processing(logits, row_prefix)
+        scores = processing(logits, row_prefix)  # [N, D or V]
         if processing.do_sample:
             q = torch.softmax(scores, dim=-1)
             x = sample_rows(q)  # torch.multinomial's draw with cheaper noise (kernels/sampling.py)
-            qs.append(q)
+            qs.append(q if draft_ids is None else drafter.to_target_vocab(q, fill=0.0))  # [N, V]
         else:
             x = first_argmax(scores)
+        if draft_ids is not None:
+            x = draft_ids[x]  # draft id -> target id
         tokens.append(x)
         prev = x
     return Draft(
