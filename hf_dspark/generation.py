@@ -740,7 +740,10 @@ def _accept_tree(call: _Call, draft: Draft, verified: _Verified, prefix) -> tupl
     if call.do_sample:  # one draw at each slot the walk reaches (torch.multinomial over all R x W slots cost 24 ms of
         # a batch-4 step, bf16, 2-core CPU: its exponential noise; `sample_index` draws a 49k row in 0.06 ms)
         probs = call.processing.probs(verified.logits, flat_prefix)  # [R * W, V]
-        choice = lambda row, slot: sample_index(probs[row * width + slot])  # noqa: E731
+        if probs.device.type == "cpu":
+            choice = lambda row, slot: sample_index(probs[row * width + slot])  # noqa: E731
+        else:  # a GPU draws every slot at once (a draw per slot reached would sync the device each time)
+            choice = torch.multinomial(probs, 1).view(n, width)  # [R, W]
     else:
         choice = first_argmax(call.processing(verified.logits, flat_prefix)).view(n, width)
     emitted, num_acc, order = accept_tree(tree, choice, verified.caps)

@@ -4,7 +4,8 @@
 torch.multinomial draws one sample as the argmax of probs / Exp(1) noise, and this torch build's CPU exponential_
 costs ~28 ns per element: 1.4 ms for one row of SmolLM2's 49,152 probabilities (2-core CPU), against 0.06 ms for a
 cumulative sum and a binary search, and 11 ms for the [4, 7, 16384] noise of a 4-request chain step, against 2.5 ms
-for -log(U) of uniforms. Each draws what it replaces, up to fp32 rounding. `python -m hf_dspark.kernels.sampling` times them.
+for -log(U) of uniforms. Each draws what it replaces, up to fp32 rounding. `python -m hf_dspark.kernels.sampling`
+times them.
 """
 
 from __future__ import annotations
