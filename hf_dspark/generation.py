@@ -55,8 +55,8 @@ from . import drafting
 from .draft_context import DraftContext, reorder_last
 from .draft_tree import NO_NODE, TREE_TOP_K, accept_tree, ancestor_mask, check_draft_tree_size, graft_branch
 from .drafting import Draft
-from .kernels import (build_cu_num_draft, build_verify_inputs, first_argmax, flatten_ragged, gather_kv, rejection_sample,
-                      exp_noise, sample_index, sample_rows)
+from .kernels import (build_cu_num_draft, build_verify_inputs, exp_noise, first_argmax, flatten_ragged, gather_kv,
+                      rejection_sample, sample_index, sample_rows)
 from .modeling import DSparkDrafter
 from .prepack import prepack_like
 from .processing import Processing

@@ -15,11 +15,11 @@ import torch
 from .argmax import first_argmax
 
 
-def sample_index(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+def sample_index(probs: torch.Tensor) -> int:
     """probs [V] non-negative (need not sum to 1; at least one positive) -> one index i drawn with probability
     probs[i] / sum(probs): the first i whose cumulative sum exceeds u * sum, u ~ U[0, 1). Zero entries are never drawn."""
     cdf = probs.float().cumsum(0)  # [V]
-    u = torch.rand((), generator=generator, device=probs.device) * cdf[-1]
+    u = torch.rand((), device=probs.device) * cdf[-1]
     index = int(torch.searchsorted(cdf, u[None], right=True))
     if index >= probs.shape[0]:  # u * sum rounded up to the sum: the last index that can be drawn
         index = int(probs.nonzero().max())
