@@ -9,12 +9,14 @@ ratios old / new, plus plain `generate()` for the speedups. The texts must match
     OMP_NUM_THREADS=2 python bench_results/s44/loop_ab.py --old c7b6ca4 --rounds 7
     OMP_NUM_THREADS=2 python bench_results/s44/loop_ab.py --old c7b6ca4 --rounds 5 --sets gsm8k,humaneval,mtbench --batch 4 --tree-size 7
     OMP_NUM_THREADS=2 python bench_results/s44/loop_ab.py --old b51c2c8 --rounds 4 --temperature 0.7   # session 45
+    OMP_NUM_THREADS=2 python bench_results/s44/loop_ab.py --old 4490f60 --generate-kwargs '{"min_new_tokens": 16}'  # 46
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import statistics
 import subprocess
 import sys
@@ -45,6 +47,8 @@ def main() -> None:
     parser.add_argument("--sets", default=None, help="prompt sets (gsm8k,humaneval,mtbench), one call of --batch prompts each; default: the demo's prompts, one at a time")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=0.0, help="> 0: sample at this temperature")
+    parser.add_argument("--generate-kwargs", type=json.loads, default={},
+                        help='more generate() arguments for every contender, as JSON: \'{"repetition_penalty": 1.1}\'')
     args = parser.parse_args()
 
     import demo
@@ -71,7 +75,7 @@ def main() -> None:
     for label, prompt in prompts.items():
         texts = [demo.chat(tok, p) for p in ([prompt] if isinstance(prompt, str) else prompt)]
         enc = tok(texts, return_tensors="pt", padding=True)
-        kw = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0)
+        kw = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0, **args.generate_kwargs)
         if args.temperature > 0:
             kw["temperature"] = args.temperature
         calls = {"plain": lambda enc=enc, kw=kw: generate(model, **enc, **kw)}
