@@ -160,6 +160,45 @@ class DSparkGenerateOutput(GenerateDecoderOnlyOutput):
     dspark_stats: DSparkStats | None = None
 
 
+@dataclass
+class _KeptOutputs:
+    """What return_dict_in_generate asks to keep of each committed token (`output_scores`, `output_logits`): per row
+    the processed scores and the raw logits [V] it was chosen from, as plain generate() returns them step by step."""
+
+    scores: list[list[torch.Tensor]] | None  # per row, chunks [k, V] in commit order
+    logits: list[list[torch.Tensor]] | None
+
+    @classmethod
+    def for_call(cls, gen: Any, num_rows: int) -> "_KeptOutputs | None":
+        if not getattr(gen, "return_dict_in_generate", False):
+            return None
+        keep = lambda name: [[] for _ in range(num_rows)] if getattr(gen, name, False) else None  # noqa: E731
+        kept = cls(scores=keep("output_scores"), logits=keep("output_logits"))
+        return kept if kept.scores is not None or kept.logits is not None else None
+
+    def add(self, row: int, picks: list[int], scores: torch.Tensor, logits: torch.Tensor) -> None:
+        """Row `row` committed the tokens chosen at rows `picks` of the step's scores / logits [M, V]."""
+        index = torch.tensor(picks, device=scores.device)
+        for kept, values in ((self.scores, scores), (self.logits, logits)):
+            if kept is not None:
+                kept[row].append(values.index_select(0, index))
+
+    def per_step(self, width: int) -> dict[str, tuple[torch.Tensor, ...] | None]:
+        """-> scores / logits: a tuple of `width` tensors [N, V], plain generate()'s layout; a row that finished early
+        holds zeros past its end (plain decoding keeps scoring finished rows; our loop has dropped them)."""
+        out = {}
+        for name, kept in (("scores", self.scores), ("logits", self.logits)):
+            if kept is None:
+                out[name] = None
+                continue
+            rows = [torch.cat(chunks) for chunks in kept]  # N x [G_r, V]
+            full = rows[0].new_zeros((len(rows), width, rows[0].shape[-1]))  # [N, width, V]
+            for r, values in enumerate(rows):
+                full[r, : values.shape[0]] = values
+            out[name] = full.unbind(1)
+        return out
+
+
 def cache_kwarg(model: PreTrainedModel) -> str:
     """The name of the target forward's cache argument ("cache" from transformers 5.24, "past_key_values" before)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -234,6 +273,14 @@ def _check_inputs(model, cfg, gen, input_ids, num_speculative_tokens, cache) -> 
     """Refuse what the loop cannot do exactly, with one-sentence errors; returns the (empty, dynamic) cache."""
     if getattr(gen, "num_beams", 1) > 1:
         raise ValueError(BEAM_SEARCH_REFUSED)
+    if getattr(gen, "return_dict_in_generate", False):
+        for name in ("output_attentions", "output_hidden_states"):
+            if getattr(gen, name, False):
+                raise ValueError(
+                    f"{name}=True is not supported by DSpark's loop (it returns sequences, scores and logits); run one "
+                    "prompt with dspark_engine='transformers' (transformers' assisted loop), or generate without "
+                    "assistant_model."
+                )
     check_num_speculative_tokens(num_speculative_tokens, cfg.block_size)
     cache = check_cache(model, cache)
     if input_ids.shape[1] == 0:
@@ -295,6 +342,7 @@ class _Call:
     keeps_logits: bool  # the target's forward takes logits_to_keep
     prompt_starts: list[int] | None = None  # per row its first prompt position after the left padding (prompt lookup)
     lookup_rates: LookupRates | None = None  # per row how often the target took the lookup branch's tokens
+    kept: _KeptOutputs | None = None  # output_scores / output_logits, when return_dict_in_generate asks for them
 
     @property
     def block_size(self) -> int:
@@ -370,7 +418,9 @@ def generate(
             (generate() does not hand its tokenizer to a custom_generate callable, hence our own names).
 
     Returns the sequences `[N, P + new]` (finished rows padded), or a `DSparkGenerateOutput` with
-    `dspark_stats` when `return_dict_in_generate=True`. The stats are also left on `drafter.last_stats`.
+    `dspark_stats` when `return_dict_in_generate=True`, and `scores` / `logits` as plain generate() returns them with
+    `output_scores` / `output_logits` (a tuple of [N, V] per new token; a row that ended early holds zeros past its
+    end). The stats are also left on `drafter.last_stats`.
     """
     if drafter is None:
         raise ValueError("hf_dspark.generate needs drafter=<DSparkDrafter>; load one with DSparkDrafter.from_pretrained(..., target=model).")
@@ -438,7 +488,7 @@ def _start_call(
         lookup_rates=LookupRates(n_rows) if lookup else None, eos=eos, pad_id=pad_id, criteria=criteria,
         prompt_rows=list(input_ids), generated=[[] for _ in range(n_rows)], streamer=streamer,
         forward_kwargs={cache_key: cache, **model_kwargs},
-        keeps_logits=takes_logits_to_keep(model),
+        keeps_logits=takes_logits_to_keep(model), kept=_KeptOutputs.for_call(gen, n_rows),
     )
 
 
@@ -470,14 +520,15 @@ def _prefill(call: _Call, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
     t0 = time.perf_counter()
     dense = bool(attn.all())  # no padding: no attention mask
-    logits = _target_forward(call, input_ids, None if dense else attn, positions, last_only=True)  # [N, 1, V]
-    scores = call.processing(logits[:, -1].float(), lambda i: (i, call.prompt_rows[i]))  # [N, V]
+    logits = _target_forward(call, input_ids, None if dense else attn, positions, last_only=True)[:, -1].float()  # [N, V]
+    scores = call.processing(logits, lambda i: (i, call.prompt_rows[i]))  # [N, V]
     first = sample_rows(torch.softmax(scores, -1)) if call.do_sample else first_argmax(scores)
     call.stats.verify_time_s += time.perf_counter() - t0
     anchor_pos = attn.long().sum(-1)  # the first generated token's position, per row
     call.prompt_starts = (input_ids.shape[1] - anchor_pos).tolist()
     rows = _Rows(list(range(input_ids.shape[0])), anchor=first, anchor_pos=anchor_pos, ctx_valid=attn.clone(), dense=dense)
-    active = _append_tokens(call, rows.ids, [[int(t)] for t in first])
+    outputs = (scores, logits, [[i] for i in rows.ids]) if call.kept is not None else None
+    active = _append_tokens(call, rows.ids, [[int(t)] for t in first], outputs)
     _drop_finished(call, rows, active)
     return rows
 
@@ -489,12 +540,12 @@ def _decode_step(call: _Call, rows: _Rows) -> None:
     depth, caps = _choose_depth(call, rows)
     draft, draft_seconds, catch_up = _draft(call, rows, depth, caps, prefix)
     verified = _verify(call, rows, draft, depth, caps)
-    emitted, num_acc, order = _accept(call, draft, verified, prefix)
+    emitted, num_acc, order, scores = _accept(call, draft, verified, prefix)
     if draft.branches is not None:
         call.lookup_rates.observe(rows.ids, draft.branches, emitted)
     accepted = num_acc.tolist() if verified.width > 1 else [0] * num_rows
     call.stats.record_step(depth, draft.conf_logits, verified.lengths, verified.width, num_acc, accepted)
-    _commit(call, rows, verified, emitted, num_acc, accepted, order)
+    _commit(call, rows, verified, emitted, num_acc, accepted, order, scores)
     step_seconds = time.perf_counter() - step_start
     call.stats.step_seconds.append(step_seconds)
     t0 = time.perf_counter()
@@ -700,10 +751,10 @@ def check_tree_call(model: PreTrainedModel, drafter: DSparkDrafter, size: int | 
         )
 
 
-def _accept(call: _Call, draft: Draft, verified: _Verified, prefix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def _accept(call: _Call, draft: Draft, verified: _Verified, prefix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Greedy match or rejection sampling (SPEC section 3) on the flat ragged layout -> emitted [R, W] (row r: its
-    accepted drafts, then the recovered or bonus token, then -1), num_acc [R], the accepted drafts a_r, and the
-    verify slots' new order (a tree's; None for a chain)."""
+    accepted drafts, then the recovered or bonus token, then -1), num_acc [R], the accepted drafts a_r, the
+    verify slots' new order (a tree's; None for a chain) and the processed scores [T, V] the tokens came from."""
     if draft.tree is not None:
         return _accept_tree(call, draft, verified, prefix)
     t0 = time.perf_counter()
@@ -714,20 +765,20 @@ def _accept(call: _Call, draft: Draft, verified: _Verified, prefix) -> tuple[tor
     if call.processing.reads_prefix:
         flat_slots = valid.nonzero().tolist()  # [T] of (row, slot)
         flat_prefix = lambda j: prefix(flat_slots[j][0], draft.tokens[flat_slots[j][0], : flat_slots[j][1]])
+    scores = call.processing(verified.logits, flat_prefix)  # [T, V]
     if call.do_sample:
-        target_probs = call.processing.probs(verified.logits, flat_prefix)  # [T, V]
+        target_probs = torch.softmax(scores, dim=-1)
         draft_probs = draft.q[:, : width - 1][valid[:, 1:]] if draft.q is not None else None  # [sum l_r, V]
         uniforms = torch.rand(draft_ids.shape[0], device=device)
         noise = exp_noise(valid.shape[0], target_probs.shape[1], device=device)  # [R, V]
         emitted, num_acc = rejection_sample(target_probs, draft_ids, draft_probs, cu, uniforms, noise, greedy=False)
     else:
-        scores = call.processing(verified.logits, flat_prefix)
         emitted, num_acc = rejection_sample(scores, draft_ids, None, cu, None, None, greedy=True)
     call.stats.verify_time_s += time.perf_counter() - t0
-    return emitted, num_acc, None
+    return emitted, num_acc, None, scores
 
 
-def _accept_tree(call: _Call, draft: Draft, verified: _Verified, prefix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _accept_tree(call: _Call, draft: Draft, verified: _Verified, prefix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Walk the tree with the target's token at each node (its greedy choice, or one draw from its processed
     distribution when sampling) -> emitted, num_acc and the verify slots' new order (the accepted path first)."""
     t0 = time.perf_counter()
@@ -737,18 +788,19 @@ def _accept_tree(call: _Call, draft: Draft, verified: _Verified, prefix) -> tupl
     if call.processing.reads_prefix:
         paths = _tree_paths(tree)
         flat_prefix = lambda j: prefix(j // width, paths[j // width][j % width])
+    scores = call.processing(verified.logits, flat_prefix)  # [R * W, V]
     if call.do_sample:  # one draw at each slot the walk reaches (torch.multinomial over all R x W slots cost 24 ms of
         # a batch-4 step, bf16, 2-core CPU: its exponential noise; `sample_index` draws a 49k row in 0.06 ms)
-        probs = call.processing.probs(verified.logits, flat_prefix)  # [R * W, V]
+        probs = torch.softmax(scores, dim=-1)  # [R * W, V]
         if probs.device.type == "cpu":
             choice = lambda row, slot: sample_index(probs[row * width + slot])  # noqa: E731
         else:  # a GPU draws every slot at once (a draw per slot reached would sync the device each time)
             choice = torch.multinomial(probs, 1).view(n, width)  # [R, W]
     else:
-        choice = first_argmax(call.processing(verified.logits, flat_prefix)).view(n, width)
+        choice = first_argmax(scores).view(n, width)
     emitted, num_acc, order = accept_tree(tree, choice, verified.caps)
     call.stats.verify_time_s += time.perf_counter() - t0
-    return emitted, num_acc, order
+    return emitted, num_acc, order, scores
 
 
 def _tree_paths(tree) -> list[list[torch.Tensor]]:
@@ -772,15 +824,19 @@ def _reorder_tail(call: _Call, order: torch.Tensor, num_acc: torch.Tensor) -> No
     call.context.reorder_tail(path, width)
 
 
-def _commit(call: _Call, rows: _Rows, verified: _Verified, emitted, num_acc, accepted: list[int], order=None) -> None:
+def _commit(call: _Call, rows: _Rows, verified: _Verified, emitted, num_acc, accepted: list[int], order, scores) -> None:
     """Commit each row's a_r + 1 tokens (cut at EOS / stop strings / max_new_tokens), roll the caches back to
     [anchor + accepted drafts] (rejected drafts become masked holes; a tree's verify slots are first reordered by
-    `order` [R, W], its accepted path first), drop finished rows, crop / compact holes."""
+    `order` [R, W], its accepted path first), drop finished rows, crop / compact holes. `scores` [T, V]: the
+    processed scores the tokens came from (kept when return_dict_in_generate asks for them)."""
     n, width = len(rows.ids), verified.width
+    chunks = [e[: a + 1] for e, a in zip(emitted.tolist(), accepted)]
+    outputs = None
+    if call.kept is not None:
+        outputs = (scores, verified.logits, _score_rows(verified, order, accepted))
     if order is not None:
         _reorder_tail(call, order, num_acc)
-    chunks = [e[: a + 1] for e, a in zip(emitted.tolist(), accepted)]
-    active = _append_tokens(call, rows.ids, chunks)
+    active = _append_tokens(call, rows.ids, chunks, outputs)
     rows.ctx_valid = verified.mask
     if width > 1:
         slot = torch.arange(width, device=num_acc.device)  # [W]: 0 = the anchor, k = draft k - 1
@@ -795,10 +851,21 @@ def _commit(call: _Call, rows: _Rows, verified: _Verified, emitted, num_acc, acc
         rows.dense = bool(rows.ctx_valid.all())
 
 
-def _append_tokens(call: _Call, row_ids: list[int], chunks: list[list[int]]) -> list[bool]:
-    """Append each row's emitted tokens, cut at EOS / max_new_tokens / other stopping criteria -> active, per row."""
+def _score_rows(verified: _Verified, order: torch.Tensor | None, accepted: list[int]) -> list[list[int]]:
+    """Per running row, the rows of the step's flat scores [T, V] its emitted tokens were chosen from: a chain's row
+    r scored its anchor and its l_r drafts in turn; a tree's accepted path is `order`'s first slots."""
+    if order is not None:
+        width = verified.width
+        return [[r * width + s for s in slots[: a + 1]] for r, (slots, a) in enumerate(zip(order.tolist(), accepted))]
+    starts = torch.cumsum(verified.lengths + 1, 0) - (verified.lengths + 1)  # [R] each row's first flat row
+    return [list(range(s, s + a + 1)) for s, a in zip(starts.tolist(), accepted)]
+
+
+def _append_tokens(call: _Call, row_ids: list[int], chunks: list[list[int]], outputs=None) -> list[bool]:
+    """Append each row's emitted tokens, cut at EOS / max_new_tokens / other stopping criteria -> active, per row.
+    `outputs` (scores [M, V], raw logits [M, V], per row the rows of its tokens there): kept for what is committed."""
     active = []
-    for r, chunk in zip(row_ids, chunks):
+    for i, (r, chunk) in enumerate(zip(row_ids, chunks)):
         out = call.generated[r]
         start, done = len(out), False
         for tok in chunk:
@@ -809,6 +876,8 @@ def _append_tokens(call: _Call, row_ids: list[int], chunks: list[list[int]]) -> 
                 done = any(bool(c(seq, None).any()) for c in call.criteria)
             if done:
                 break
+        if outputs is not None:
+            call.kept.add(r, outputs[2][i][: len(out) - start], outputs[0], outputs[1])
         if call.streamer is not None:
             call.streamer.put(torch.tensor(out[start:]))
         active.append(not done)
@@ -877,7 +946,8 @@ def _finish(call: _Call, input_ids: torch.Tensor, gen: Any) -> torch.LongTensor 
     sequences = torch.cat([input_ids, new], dim=1)
     call.drafter.last_stats = call.stats
     if getattr(gen, "return_dict_in_generate", False):
-        return DSparkGenerateOutput(sequences=sequences, dspark_stats=call.stats)
+        kept = call.kept.per_step(width) if call.kept is not None else {}
+        return DSparkGenerateOutput(sequences=sequences, dspark_stats=call.stats, **kept)
     return sequences
 
 

@@ -105,10 +105,6 @@ class Processing:
         n = self.batch_size
         return proc(ids[None].expand(n, -1), scores[None].expand(n, -1).clone())[row]
 
-    def probs(self, scores: torch.Tensor, prefix: Callable[[int], tuple[int, torch.Tensor]] | None = None) -> torch.Tensor:
-        """[M, V] raw logits -> [M, V] sampling distribution."""
-        return torch.softmax(self(scores, prefix), dim=-1)
-
 
 def _applied_directly(proc, prefixes: list[tuple[int, torch.Tensor]], scores: torch.Tensor) -> torch.Tensor | None:
     """The most common prefix-reading processors (min-length, repetition penalty) over all M rows [M, V] at once, with

@@ -291,6 +291,57 @@ def test_statistics_reported(tiny_target, tiny_drafter, oracle):
         assert key in summary
 
 
+@pytest.mark.parametrize("verify", [dict(adaptive_verification=False), dict(draft_tree_size=9)], ids=["chain", "tree"])
+def test_output_scores_and_logits_are_plain_decodings(tiny_target, tiny_drafter, oracle, verify):
+    """return_dict_in_generate with output_scores / output_logits: per generated token the processed scores and the
+    raw logits plain generate() returns (up to float rounding: they come from the wider verify forward); a row that
+    ended early holds zeros past its end, where plain decoding goes on scoring padding."""
+    enc = ragged_batch(256, seed=8)
+    kw = dict(max_new_tokens=24, do_sample=False, repetition_penalty=1.3, no_repeat_ngram_size=3,
+              return_dict_in_generate=True, output_scores=True, output_logits=True)
+    probe = tiny_target.generate(**enc, **kw, eos_token_id=None).sequences
+    eos = int(probe[0, enc["input_ids"].shape[1] + 5])  # row 0 ends early, at its sixth token
+    ref = tiny_target.generate(**enc, **kw, eos_token_id=eos, pad_token_id=0)
+    oracle(ref.sequences)
+    out = tiny_target.generate(**enc, **kw, eos_token_id=eos, pad_token_id=0, assistant_model=tiny_drafter, **verify)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert out.dspark_stats.mean_accepted_length > 2.0  # drafts were accepted: scores came from verify forwards
+    assert len(out.scores) == len(out.logits) == len(ref.scores) == out.sequences.shape[1] - enc["input_ids"].shape[1]
+    new = out.sequences[:, enc["input_ids"].shape[1]:]
+    ended = (new == eos).int().cumsum(1).cumsum(1) > 1  # [N, G] positions after each row's EOS
+    assert ended[0].any()
+    for name in ("scores", "logits"):
+        got, want = torch.stack(getattr(out, name), 1), torch.stack(getattr(ref, name), 1)  # [N, G, V]
+        torch.testing.assert_close(got[~ended], want[~ended], atol=1e-4, rtol=1e-4)
+        assert not got[ended].any()
+    assert not torch.equal(out.scores[3], out.logits[3])  # scores: processed (the repetition penalty); logits: raw
+
+
+@pytest.mark.parametrize("verify", [dict(adaptive_verification=False), dict()], ids=["chain", "default tree"])
+def test_sampled_output_logits_are_the_targets_at_each_token(tiny_target, tiny_drafter, verify):
+    enc = ragged_batch(256, seed=9)
+    prompt = enc["input_ids"].shape[1]
+    torch.manual_seed(0)
+    out = tiny_target.generate(**enc, max_new_tokens=16, do_sample=True, top_k=50, eos_token_id=None, **verify,
+                               assistant_model=tiny_drafter, return_dict_in_generate=True, output_scores=True,
+                               output_logits=True)
+    seq = out.sequences
+    mask = torch.cat([enc["attention_mask"], torch.ones_like(seq[:, prompt:])], 1)
+    full = tiny_target(input_ids=seq, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    torch.testing.assert_close(torch.stack(out.logits, 1), full[:, prompt - 1 : -1], atol=1e-4, rtol=1e-4)
+    scores = torch.stack(out.scores, 1)  # [N, G, V]: top-k kept 50 of 256, the sampled token among them
+    assert torch.equal(torch.isfinite(scores).sum(-1), torch.full(scores.shape[:2], 50))
+    assert torch.isfinite(scores.gather(-1, seq[:, prompt:, None])).all()
+
+
+def test_output_attentions_and_hidden_states_are_refused_by_name(tiny_target, tiny_drafter):
+    enc = ragged_batch(256, lengths=(5,))
+    for name in ("output_attentions", "output_hidden_states"):
+        with pytest.raises(ValueError, match=f"{name}=True is not supported.*dspark_engine='transformers'"):
+            tiny_target.generate(**enc, max_new_tokens=4, assistant_model=tiny_drafter, return_dict_in_generate=True,
+                                 **{name: True})
+
+
 def test_num_speculative_tokens_and_threshold_limit_verification(tiny_target, tiny_drafter):
     enc = ragged_batch(256, seed=6)
     ref = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None)
