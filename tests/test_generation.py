@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import os
 
 import pytest
 import torch
@@ -332,6 +333,28 @@ def test_sampled_output_logits_are_the_targets_at_each_token(tiny_target, tiny_d
     scores = torch.stack(out.scores, 1)  # [N, G, V]: top-k kept 50 of 256, the sampled token among them
     assert torch.equal(torch.isfinite(scores).sum(-1), torch.full(scores.shape[:2], 50))
     assert torch.isfinite(scores.gather(-1, seq[:, prompt:, None])).all()
+
+
+def test_verify_forwards_keep_grouped_kv_heads_under_a_mask(tiny_target, tiny_drafter, oracle, monkeypatch):
+    """transformers' SDPA attention gets enable_gqa for the masked verify forwards on a CPU (no repeated K/V heads);
+    the output stays plain decoding's, and the variable is gone after the call."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, **kw):
+        calls.append((q.shape[2], attn_mask is not None, k.shape[1], kw.get("enable_gqa", False)))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    enc = ragged_batch(256, seed=4)
+    ref = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    oracle(ref)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    out = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter)
+    assert torch.equal(out, ref)
+    kv_heads = tiny_target.config.num_key_value_heads
+    masked_verify = [c for c in calls if c[0] > 1 and c[1] and c[2] in (kv_heads, tiny_target.config.num_attention_heads)]
+    assert masked_verify and all(c[2] == kv_heads and c[3] for c in masked_verify)
+    assert G.SDPA_FORCE_GQA not in os.environ
 
 
 def test_output_attentions_and_hidden_states_are_refused_by_name(tiny_target, tiny_drafter):
