@@ -34,9 +34,7 @@ through `hf_dspark.candidate_generator.DSparkCandidateGenerator`.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +52,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
 from . import drafting
+from .attention import grouped_kv_heads_under_masks
 from .draft_context import DraftContext, reorder_last
 from .draft_tree import NO_NODE, TREE_TOP_K, accept_tree, ancestor_mask, check_draft_tree_size, graft_branch
 from .drafting import Draft
@@ -71,12 +70,6 @@ logger = logging.get_logger(__name__)
 
 # compact caches once the longest row carries this many rejected holes
 COMPACT_HOLES = 32
-# transformers' SDPA attention repeats the key/value heads of grouped-query attention whenever a mask is passed (it
-# hands enable_gqa to torch only without one), and our verify forwards pass one. torch's CPU kernel takes the mask with
-# enable_gqa, bitwise the same and cheaper: a 12-token verify forward of SmolLM2 (bf16, 2-core AMX CPU) over 250 /
-# 1,000 tokens of context, 42.2 -> 40.0 / 52.2 -> 45.5 ms (bench_results/s46/gqa_verify.py). transformers reads this
-# variable at every attention call; our target forwards of several tokens on a CPU set it while they run.
-SDPA_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 
 
 @dataclass
@@ -449,21 +442,6 @@ def generate(
     return _finish(call, input_ids, generation_config)
 
 
-@contextlib.contextmanager
-def _grouped_kv_heads_under_masks(model: PreTrainedModel, num_tokens: int):
-    """A target forward of several tokens on a CPU: transformers' SDPA attention keeps grouped key/value heads as they
-    are under a mask too (`SDPA_FORCE_GQA`), unless the caller set the variable. (One token keeps transformers' own
-    path, ~1% faster than enable_gqa there.)"""
-    if num_tokens == 1 or model.device.type != "cpu" or SDPA_FORCE_GQA in os.environ:
-        yield
-        return
-    os.environ[SDPA_FORCE_GQA] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop(SDPA_FORCE_GQA, None)
-
-
 def _start_call(
     model, drafter, input_ids, gen, logits_processor, stopping_criteria, stop_strings, stop_tokenizer, streamer,
     num_speculative_tokens, markov, policy_options, tree_size, model_kwargs,
@@ -523,7 +501,7 @@ def _target_forward(call: _Call, ids, mask, pos, last_only: bool = False) -> tor
     attention mask (given, it cost ~0.5 ms of a 61 ms batch-1 decode forward, bf16, 2-core CPU:
     `scripts/decode_overhead.py 1 bfloat16`)."""
     taps = call.drafter.tap_hidden_state_ids
-    with _grouped_kv_heads_under_masks(call.model, ids.shape[1]):
+    with grouped_kv_heads_under_masks(call.model, ids.shape[1]):  # a verify forward: no repeated K/V heads
         out = call.model(
             input_ids=ids,
             attention_mask=None if mask is None else mask if mask.dim() == 4 else mask.long(),

@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 from transformers.utils import logging
 
+from .attention import grouped_kv_heads_under_masks, keeps_grouped_kv_heads
 from .io_utils import write_text_atomic
 from .prepack import is_prepacked
 
@@ -233,9 +234,11 @@ class StepTimeTable:
         dtype: str | None = None,
         target_id: str | None = None,
         linear_kernels: str | None = None,
+        grouped_kv_heads: bool | None = None,
     ) -> None:
-        """Raise InvalidStepTableError if the metadata names another device, dtype, target or linear-layer kernels
-        than expected (a table without `linear_kernels` was measured with torch's default ones)."""
+        """Raise InvalidStepTableError if the metadata names another device, dtype, target, linear-layer kernels or
+        attention path than expected (a table without `linear_kernels` was measured with torch's default ones, one
+        without `grouped_kv_heads` with repeated key/value heads under masks: `hf_dspark.attention`)."""
         meta = self.metadata
         if device_slug is not None and meta.get("device_slug") != device_slug:
             raise InvalidStepTableError(
@@ -253,6 +256,13 @@ class StepTimeTable:
                 f"The table was measured with {measured!r} linear layers, not {linear_kernels!r} "
                 "(hf_dspark.prepack_linears changes a step's cost)."
             )
+        measured = bool(meta.get("grouped_kv_heads", False))
+        if grouped_kv_heads is not None and measured != grouped_kv_heads:
+            heads = {True: "grouped", False: "repeated"}
+            raise InvalidStepTableError(
+                f"The table's verify forwards ran with {heads[measured]} key/value heads under their masks, ours with "
+                f"{heads[grouped_kv_heads]} (hf_dspark.attention changes a step's cost)."
+            )
 
     @classmethod
     def from_dict(
@@ -263,6 +273,7 @@ class StepTimeTable:
         dtype: str | None = None,
         target_id: str | None = None,
         linear_kernels: str | None = None,
+        grouped_kv_heads: bool | None = None,
     ) -> StepTimeTable:
         """Build and validate a table; the keyword arguments, when given, must match its metadata."""
         if not isinstance(data, dict):
@@ -275,7 +286,8 @@ class StepTimeTable:
             raise InvalidStepTableError("The step table's metadata must be a JSON object.")
         table = cls(data["sample_batch_tokens"], data["sample_steps_per_sec"], data["max_batch_tokens"], metadata)
         table.check_matches(
-            device_slug=device_slug, dtype=dtype, target_id=target_id, linear_kernels=linear_kernels
+            device_slug=device_slug, dtype=dtype, target_id=target_id, linear_kernels=linear_kernels,
+            grouped_kv_heads=grouped_kv_heads,
         )
         return table
 
@@ -288,6 +300,7 @@ class StepTimeTable:
         dtype: str | None = None,
         target_id: str | None = None,
         linear_kernels: str | None = None,
+        grouped_kv_heads: bool | None = None,
     ) -> StepTimeTable:
         """Read and validate a JSON table; raises InvalidStepTableError (or OSError if unreadable)."""
         raw = Path(path).expanduser().read_bytes()
@@ -296,7 +309,8 @@ class StepTimeTable:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise InvalidStepTableError(f"{path} is not valid JSON (truncated or corrupt?): {e}.") from e
         return cls.from_dict(
-            data, device_slug=device_slug, dtype=dtype, target_id=target_id, linear_kernels=linear_kernels
+            data, device_slug=device_slug, dtype=dtype, target_id=target_id, linear_kernels=linear_kernels,
+            grouped_kv_heads=grouped_kv_heads,
         )
 
 
@@ -336,9 +350,10 @@ def _timed_forward(model, cache, input_ids, attention_mask, position_ids) -> flo
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1000.0
-    t0 = time.perf_counter()
-    model(**kwargs)
-    return time.perf_counter() - t0
+    with grouped_kv_heads_under_masks(model, input_ids.shape[1]):  # as the loop's verify forwards run
+        t0 = time.perf_counter()
+        model(**kwargs)
+        return time.perf_counter() - t0
 
 
 @torch.inference_mode()
@@ -357,8 +372,8 @@ def profile(
     """Measure target steps/sec against N verify tokens on the model's device and dtype.
 
     For every R in num_requests and every probe N >= R: N random tokens split over R rows on top of a
-    DynamicCache prefilled with `context_len` random tokens per row; `warmup` untimed forwards, then the median of
-    `repeats` timed ones. The appended tokens are cropped after each forward, so every repeat sees the same
+    DynamicCache prefilled with `context_len` random tokens per row; `warmup` untimed rounds, then `repeats` timed
+    ones, each round timing every probe in turn; a probe's time is its median over the rounds. The appended tokens are cropped after each forward, so every repeat sees the same
     context. The main curve is the first R; with several R all curves go to `metadata["curves"]`.
 
     Args:
@@ -381,29 +396,29 @@ def profile(
     gen = torch.Generator().manual_seed(0)
     plan = [(r, n) for r in num_requests for n in probes if n >= r]
     curves = {str(r): {"sample_batch_tokens": [], "sample_steps_per_sec": []} for r in num_requests}
-    with tqdm(total=len(plan), desc="profiling target steps/sec", disable=not progress) as bar:
-        cache, cache_rows = None, None
-        for r, n in plan:
-            if cache_rows != r:
-                context = torch.randint(vocab_size, (r, context_len), generator=gen).to(param.device)
-                cache, cache_rows = DynamicCache(config=model.config), r
-                model(input_ids=context, cache=cache, use_cache=True)
-            batch = _verify_batch(n, r, context_len, vocab_size, gen, param.device)
-            times = []
-            for i in range(warmup + repeats):
-                elapsed = _timed_forward(model, cache, *batch)
-                cache.crop(-batch[0].shape[1])
-                if i >= warmup:
-                    times.append(elapsed)
-            curves[str(r)]["sample_batch_tokens"].append(n)
-            curves[str(r)]["sample_steps_per_sec"].append(1.0 / statistics.median(times))
-            bar.set_postfix(R=r, N=n)
-            bar.update()
+    with tqdm(total=len(plan) * (warmup + repeats), desc="profiling target steps/sec", disable=not progress) as bar:
+        for r in num_requests:
+            context = torch.randint(vocab_size, (r, context_len), generator=gen).to(param.device)
+            cache = DynamicCache(config=model.config)
+            model(input_ids=context, cache=cache, use_cache=True)
+            batches = {n: _verify_batch(n, r, context_len, vocab_size, gen, param.device) for rr, n in plan if rr == r}
+            times = {n: [] for n in batches}
+            for i in range(warmup + repeats):  # every round times every probe: a machine whose speed drifts (a shared
+                for n, batch in batches.items():  # VM) slows all probes alike instead of bending the curve
+                    elapsed = _timed_forward(model, cache, *batch)
+                    cache.crop(-batch[0].shape[1])
+                    if i >= warmup:
+                        times[n].append(elapsed)
+                    bar.set_postfix(R=r, N=n)
+                    bar.update()
+            curves[str(r)]["sample_batch_tokens"] = list(times)
+            curves[str(r)]["sample_steps_per_sec"] = [1.0 / statistics.median(t) for t in times.values()]
     metadata = {
         "device_name": device_name(param.device),
         "device_slug": device_slug(param.device),
         "dtype": _dtype_name(param.dtype),
         "linear_kernels": linear_kernels(model),
+        "grouped_kv_heads": keeps_grouped_kv_heads(model),
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "target_id": target_id or model.config.name_or_path,
@@ -477,8 +492,8 @@ def load_or_profile(
     2. `step_tables/<target slug>/<device slug>.json` in the drafter repo: a local folder, or the Hub through
        `hf_hub_download` (offline from the Hub cache when HF_HUB_OFFLINE=1); a table found there is copied to 1;
     3. `profile(model, target_id=target_id, **profile_kwargs)`, saved atomically to 1.
-    A corrupt, truncated, flat or mismatched (other device, dtype, target or linear kernels) table is skipped with a warning
-    naming the file and why. Raises InvalidStepTableError only if the fresh profile itself is flat.
+    A corrupt, truncated, flat or mismatched (other device, dtype, target, linear kernels or attention path) table is
+    skipped with a warning naming the file and why. Raises InvalidStepTableError only if the fresh profile itself is flat.
     With `profile_if_missing=False`, returns None instead of profiling.
     """
     param = next(model.parameters())
@@ -487,6 +502,7 @@ def load_or_profile(
         dtype=_dtype_name(param.dtype),
         target_id=target_id,
         linear_kernels=linear_kernels(model),
+        grouped_kv_heads=keeps_grouped_kv_heads(model),
     )
     table_file = _table_file(target_id, expected["device_slug"])
     local = local_table_path(target_id, param.device, cache_dir)

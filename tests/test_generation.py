@@ -17,6 +17,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 import hf_dspark
 import hf_dspark.generation as G
+from hf_dspark.attention import SDPA_FORCE_GQA
 from hf_dspark.scheduler import AdaptiveVerification, ConfidenceThreshold, FixedLength, FullBlock, VerifyPolicy
 from hf_dspark.step_table import StepTimeTable
 from hf_dspark.testing import FixedStepCosts, oracle_drafts, ragged_batch, synthetic_drafts
@@ -354,7 +355,7 @@ def test_verify_forwards_keep_grouped_kv_heads_under_a_mask(tiny_target, tiny_dr
     kv_heads = tiny_target.config.num_key_value_heads
     masked_verify = [c for c in calls if c[0] > 1 and c[1] and c[2] in (kv_heads, tiny_target.config.num_attention_heads)]
     assert masked_verify and all(c[2] == kv_heads and c[3] for c in masked_verify)
-    assert G.SDPA_FORCE_GQA not in os.environ
+    assert SDPA_FORCE_GQA not in os.environ
 
 
 def test_output_attentions_and_hidden_states_are_refused_by_name(tiny_target, tiny_drafter):

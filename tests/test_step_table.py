@@ -1,6 +1,7 @@
 """StepTimeTable: JSON, lookup, validation, profiling, and the local / drafter-repo / Hub-cache resolution."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_dspark import step_table
+from hf_dspark.attention import SDPA_FORCE_GQA
 from hf_dspark.step_table import (
     InvalidStepTableError,
     StepTimeTable,
@@ -51,7 +53,8 @@ def count_profiles(monkeypatch):
 
 
 def table_for_this_machine(**meta) -> StepTimeTable:
-    metadata = {"device_slug": device_slug("cpu"), "dtype": "float32", "target_id": TARGET} | meta
+    metadata = {"device_slug": device_slug("cpu"), "dtype": "float32", "target_id": TARGET, "grouped_kv_heads": True}
+    metadata |= meta
     return StepTimeTable([1, 8, 64], [100.0, 90.0, 40.0], max_batch_tokens=64, metadata=metadata)
 
 
@@ -152,11 +155,13 @@ def test_device_slugs(monkeypatch):
 
 def test_profile_keeps_context_fixed_and_pads_rows(tiny_model):
     seen = []  # (cache length before the forward, per-row attended new tokens)
+    grouped = []  # probes of several tokens run as the loop's verify forwards (hf_dspark.attention)
 
     def record(module, args, kwargs):
         if kwargs.get("position_ids") is not None:
             cache, mask = kwargs["cache"], kwargs["attention_mask"]
             seen.append((cache.get_seq_length(), (mask[:, 8:].sum(1)).tolist()))
+            grouped.append(os.environ.get(SDPA_FORCE_GQA) == "1" or kwargs["input_ids"].shape[1] == 1)
 
     handle = tiny_model.register_forward_pre_hook(record, with_kwargs=True)
     try:
@@ -169,6 +174,7 @@ def test_profile_keeps_context_fixed_and_pads_rows(tiny_model):
     meta = table.metadata
     assert meta["device_slug"] == device_slug("cpu") and meta["dtype"] == "float32" and meta["target_id"] == TARGET
     assert meta["context_length"] == 8 and meta["num_requests"] == [1, 2] and meta["repeats"] == 1
+    assert all(grouped) and meta["grouped_kv_heads"] is True and SDPA_FORCE_GQA not in os.environ
     assert table.for_num_requests(2).sample_batch_tokens == [3, 512]
 
 
@@ -191,6 +197,7 @@ def test_profiles_once_then_reads_the_local_cache(tiny_model, tmp_path, count_pr
         (lambda: table_for_this_machine(dtype="bfloat16").to_json(), "dtype"),
         (lambda: table_for_this_machine(device_slug="cuda-nvidia-h200").to_json(), "device"),
         (lambda: table_for_this_machine(target_id="org/other").to_json(), "target"),
+        (lambda: table_for_this_machine(grouped_kv_heads=False).to_json(), "repeated key/value heads"),
         (lambda: b"\xff\xfe binary garbage", "not valid JSON"),
     ],
 )
