@@ -685,7 +685,10 @@ DEFAULT_TREE_MAX_STEP_COST = 2.0
 # 1.07x / 0.91x against 1.33x / 0.89x / 1.00x at 8, where the scheduler drafted nothing on MT-Bench and the tree lost.
 # With the scheduler's opening probe (bench_results/s45, 24 prompts per set): 1.32-1.37x / 1.43-1.45x / 0.99-1.03x
 # against 1.12x / 0.99x / 0.98x at 6 rows; at 8, 1.23-1.25x / 1.34-1.35x / 0.89-0.94x against 1.10x / 1.06x / 0.97x.
-DEFAULT_TREE_MAX_ROWS = 6
+# Once verify forwards kept grouped K/V heads under their masks (hf_dspark.attention, session 46; bench_results/s46):
+# at 7 rows 1.30x / 1.49x / 1.07x against 1.14x / 1.08x / 1.02x, at 8 1.45x / 1.50x / 1.06x and 1.29x / 1.19x / 1.17x
+# against 1.11x / 1.23x / 0.98x and 1.18x / 1.06x / 0.98x; at 12, 1.05x / 1.26x / 0.90x against 1.01x / 1.08x / 0.96x.
+DEFAULT_TREE_MAX_ROWS = 8
 # tau of a best-first draft tree grows about as the log of its size N: 1 + TREE_TAU_GROWTH * ln(N / block_size) times
 # the tree of block_size's. Measured with the shipped SmolLM2 drafter (bf16, greedy, 40 prompts each of GSM8K,
 # HumanEval and MT-Bench), the drafter's nodes alone: 1.05 / 1.09 / 1.11 / 1.15 at N = 10 / 13 / 16 / 20 against N = 7

@@ -203,7 +203,7 @@ def test_tree_needs_an_attention_that_takes_a_4d_mask(tiny_target, tiny_drafter,
     [
         ((6,), {}, "draft_tree"),  # one prompt, no verify option: a tree of block_size drafts
         ((6, 4), {}, "draft_tree"),  # a small batch: a tree per prompt
-        ((6, 4, 5, 7, 3, 6, 4), {}, "draft_block"),  # more than DEFAULT_TREE_MAX_ROWS prompts: the chain (scheduler or full block)
+        ((6, 4, 5, 7, 3, 6, 4, 5, 8), {}, "draft_block"),  # more than DEFAULT_TREE_MAX_ROWS prompts: the chain (scheduler or full block)
         ((6,), dict(adaptive_verification=False), "draft_block"),
         ((6,), dict(num_speculative_tokens=3), "draft_block"),
         ((6,), dict(confidence_threshold=0.1), "draft_block"),
@@ -231,7 +231,7 @@ def test_the_full_block_fallback_is_logged_only_where_the_chain_runs(tiny_target
         tiny_target.generate(**ragged_batch(256, lengths=(6, 4)), **kw)
         assert "verifying the full block" not in caplog.text
         assert tiny_drafter.last_stats.tree_size == tiny_drafter.config.block_size
-        tiny_target.generate(**ragged_batch(256, lengths=(6, 4, 5, 7, 3, 6, 4)), **kw)
+        tiny_target.generate(**ragged_batch(256, lengths=(6, 4, 5, 7, 3, 6, 4, 5, 8)), **kw)
         assert "no calibration.json; verifying the full block" in caplog.text
         assert tiny_drafter.last_stats.tree_size is None
 
