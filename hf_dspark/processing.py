@@ -109,12 +109,14 @@ class Processing:
 def _applied_directly(proc, prefixes: list[tuple[int, torch.Tensor]], scores: torch.Tensor) -> torch.Tensor | None:
     """The most common prefix-reading processors (min-length, repetition penalty) over all M rows [M, V] at once, with
     the values their own calls would give each row; None for the others."""
-    kind, lengths = type(proc), [len(ids) for _, ids in prefixes]
+    kind = type(proc)
     if kind is MinLengthLogitsProcessor:
-        return _ban_eos(scores, [i for i, n in enumerate(lengths) if n < proc.min_length], proc.eos_token_id)
+        short = [i for i, (_, ids) in enumerate(prefixes) if len(ids) < proc.min_length]
+        return _ban_eos(scores, short, proc.eos_token_id)
     if kind is MinNewTokensLengthLogitsProcessor:
         skip, least = proc.prompt_length_to_skip, proc.min_new_tokens
-        return _ban_eos(scores, [i for i, n in enumerate(lengths) if n - skip < least], proc.eos_token_id)
+        short = [i for i, (_, ids) in enumerate(prefixes) if len(ids) - skip < least]
+        return _ban_eos(scores, short, proc.eos_token_id)
     if kind is RepetitionPenaltyLogitsProcessor:  # generate() ignores each row's left padding: a tensor [batch]
         ignore = proc.prompt_ignore_length
         starts = ignore.tolist() if isinstance(ignore, torch.Tensor) else None

@@ -343,14 +343,14 @@ def _timed_forward(model, cache, input_ids, attention_mask, position_ids) -> flo
         cache=cache,
         use_cache=True,
     )
-    if input_ids.device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        model(**kwargs)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1000.0
     with grouped_kv_heads_under_masks(model, input_ids.shape[1]):  # as the loop's verify forwards run
+        if input_ids.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            model(**kwargs)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0
         t0 = time.perf_counter()
         model(**kwargs)
         return time.perf_counter() - t0
@@ -373,8 +373,9 @@ def profile(
 
     For every R in num_requests and every probe N >= R: N random tokens split over R rows on top of a
     DynamicCache prefilled with `context_len` random tokens per row; `warmup` untimed rounds, then `repeats` timed
-    ones, each round timing every probe in turn; a probe's time is its median over the rounds. The appended tokens are cropped after each forward, so every repeat sees the same
-    context. The main curve is the first R; with several R all curves go to `metadata["curves"]`.
+    ones, each round timing every probe in turn; a probe's time is its median over the rounds. The appended tokens are
+    cropped after each forward, so every repeat sees the same context. The main curve is the first R; with several R
+    all curves go to `metadata["curves"]`.
 
     Args:
         batch_tokens: probes N (default DEFAULT_BATCH_TOKENS up to max_batch_tokens).
@@ -394,14 +395,14 @@ def profile(
     param = next(model.parameters())
     vocab_size = model.get_input_embeddings().num_embeddings
     gen = torch.Generator().manual_seed(0)
-    plan = [(r, n) for r in num_requests for n in probes if n >= r]
-    curves = {str(r): {"sample_batch_tokens": [], "sample_steps_per_sec": []} for r in num_requests}
-    with tqdm(total=len(plan) * (warmup + repeats), desc="profiling target steps/sec", disable=not progress) as bar:
+    curves = {}
+    total = sum(n >= r for r in num_requests for n in probes) * (warmup + repeats)
+    with tqdm(total=total, desc="profiling target steps/sec", disable=not progress) as bar:
         for r in num_requests:
             context = torch.randint(vocab_size, (r, context_len), generator=gen).to(param.device)
             cache = DynamicCache(config=model.config)
             model(input_ids=context, cache=cache, use_cache=True)
-            batches = {n: _verify_batch(n, r, context_len, vocab_size, gen, param.device) for rr, n in plan if rr == r}
+            batches = {n: _verify_batch(n, r, context_len, vocab_size, gen, param.device) for n in probes if n >= r}
             times = {n: [] for n in batches}
             for i in range(warmup + repeats):  # every round times every probe: a machine whose speed drifts (a shared
                 for n, batch in batches.items():  # VM) slows all probes alike instead of bending the curve
@@ -411,8 +412,10 @@ def profile(
                         times[n].append(elapsed)
                     bar.set_postfix(R=r, N=n)
                     bar.update()
-            curves[str(r)]["sample_batch_tokens"] = list(times)
-            curves[str(r)]["sample_steps_per_sec"] = [1.0 / statistics.median(t) for t in times.values()]
+            curves[str(r)] = {
+                "sample_batch_tokens": list(times),
+                "sample_steps_per_sec": [1.0 / statistics.median(t) for t in times.values()],
+            }
     metadata = {
         "device_name": device_name(param.device),
         "device_slug": device_slug(param.device),
@@ -493,8 +496,8 @@ def load_or_profile(
        `hf_hub_download` (offline from the Hub cache when HF_HUB_OFFLINE=1); a table found there is copied to 1;
     3. `profile(model, target_id=target_id, **profile_kwargs)`, saved atomically to 1.
     A corrupt, truncated, flat or mismatched (other device, dtype, target, linear kernels or attention path) table is
-    skipped with a warning naming the file and why. Raises InvalidStepTableError only if the fresh profile itself is flat.
-    With `profile_if_missing=False`, returns None instead of profiling.
+    skipped with a warning naming the file and why. Raises InvalidStepTableError only if the fresh profile itself is
+    flat. With `profile_if_missing=False`, returns None instead of profiling.
     """
     param = next(model.parameters())
     expected = dict(
