@@ -929,3 +929,17 @@ def test_domain_prompts_add_story_problems_and_code_tasks_without_changing_the_e
     assert all(sum(t.startswith(s) for t in tasks) > 20 for s in shapes)
     for stub in (t for t in tasks if t.startswith("def ")):  # valid Python: a signature and a docstring with an example
         assert "Example: " in ast.get_docstring(ast.parse(stub + "    pass\n").body[0])
+
+
+def test_magpie_prompts_start_at_the_user_turn_and_resume_past_a_torn_line(smollm2, tmp_path):
+    mod = _script("make_magpie_prompts")
+    _, tok = smollm2
+    prefix = mod.user_turn_prefix(tok)
+    assert prefix.endswith("<|im_start|>user\n") and "<|im_start|>system" in prefix  # the template's own system turn
+    assert mod.keep("Write a Python function that reverses a list.")
+    assert not mod.keep("Hi") and not mod.keep("Fine.<|im_end|>")
+    out = tmp_path / "p.jsonl"
+    assert mod.resume(out) == set()
+    out.write_text('{"text": "one", "kind": "open"}\n{"text": "two", "kind": "math"}\n{"text": "thr')
+    assert mod.resume(out) == {"one", "two"}
+    assert out.read_text().count("\n") == 2 and out.read_text().endswith("\n")  # the torn line is gone
