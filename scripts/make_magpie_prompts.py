@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from hf_dspark.io_utils import write_text_atomic
 from hf_dspark.targets import fast_dtype, load_target
 
 # Opening words per kind; "open" lets the model write the whole turn.
@@ -51,10 +52,8 @@ def resume(path: Path) -> set[str]:
         return set()
     text = path.read_text()
     lines = [line for line in text.splitlines(keepends=True) if line.endswith("\n")]
-    if len("".join(lines)) != len(text):  # a killed run's torn line: rewrite without it, atomically
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text("".join(lines))
-        os.replace(tmp, path)
+    if len("".join(lines)) != len(text):  # a killed run's torn line: rewrite without it
+        write_text_atomic(path, "".join(lines))
     return {json.loads(line)["text"] for line in lines}
 
 
@@ -70,13 +69,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", default="smollm2-135m-instruct")
     args = parser.parse_args()
-    mix = {k: float(v) for k, v in (part.split(":") for part in args.mix.split(","))}
+    try:
+        mix = {k: float(v) for k, v in (part.split(":") for part in args.mix.split(","))}
+    except ValueError:
+        parser.error(f"--mix {args.mix!r}: expected kind:share pairs separated by commas, e.g. open:0.5,math:0.3,code:0.2")
     unknown = set(mix) - set(OPENINGS)
     if unknown:
         parser.error(f"--mix names unknown kinds {sorted(unknown)}; known: {sorted(OPENINGS)}")
     model, tok = load_target(args.target, dtype=fast_dtype())
     tok.padding_side = "left"
-    end = tok.convert_tokens_to_ids("<|im_end|>")
+    end = tok.eos_token_id  # the end of a chat turn (SmolLM2: <|im_end|>)
     prefix = user_turn_prefix(tok)
     seen = resume(args.out)
     done = len(seen)
