@@ -943,3 +943,27 @@ def test_magpie_prompts_start_at_the_user_turn_and_resume_past_a_torn_line(smoll
     out.write_text('{"text": "one", "kind": "open"}\n{"text": "two", "kind": "math"}\n{"text": "thr')
     assert mod.resume(out) == {"one", "two"}
     assert out.read_text().count("\n") == 2 and out.read_text().endswith("\n")  # the torn line is gone
+
+
+def test_average_drafters_means_the_weights_and_refuses_another_draft_vocab(tiny, data_dir, tmp_path):
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.training.trainer import build_drafter, choose_draft_vocab
+
+    mod = _script("average_drafters")
+    model, tok = tiny
+    ids, _ = choose_draft_vocab(TokenDataset(data_dir, model, tok), 20, model.config.vocab_size, always=[1])
+    drafters = []
+    for i, vocab in enumerate((ids, ids, ids.flip(0))):
+        torch.manual_seed(i)
+        d = build_drafter(model, tok, draft_token_ids=vocab, markov_rank=16, target_layer_ids=[1, 3])
+        with torch.no_grad():
+            d.fc.weight.add_(torch.randn_like(d.fc.weight))
+        d.save_pretrained(str(tmp_path / f"d{i}"))
+        drafters.append(d)
+    mod.main(["--out", str(tmp_path / "mean"), str(tmp_path / "d0"), str(tmp_path / "d1")])
+    mean = DSparkDrafter.from_pretrained(str(tmp_path / "mean"), target=model)
+    torch.testing.assert_close(mean.fc.weight, (drafters[0].fc.weight + drafters[1].fc.weight) / 2)
+    assert torch.equal(mean.draft_target_ids(), ids)
+    with pytest.raises(SystemExit, match="different draft vocabularies"):
+        mod.main(["--out", str(tmp_path / "bad"), str(tmp_path / "d0"), str(tmp_path / "d2")])
+    assert not (tmp_path / "bad" / "model.safetensors").exists()
