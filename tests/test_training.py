@@ -945,25 +945,28 @@ def test_magpie_prompts_start_at_the_user_turn_and_resume_past_a_torn_line(smoll
     assert out.read_text().count("\n") == 2 and out.read_text().endswith("\n")  # the torn line is gone
 
 
-def test_average_drafters_means_the_weights_and_refuses_another_draft_vocab(tiny, data_dir, tmp_path):
-    from hf_dspark import DSparkDrafter
+def test_soup_drafters_means_the_weights_and_keeps_a_s_rows_for_tokens_b_never_drafted(tiny, data_dir):
     from hf_dspark.training.trainer import build_drafter, choose_draft_vocab
 
-    mod = _script("average_drafters")
+    mod = _script("soup_drafters")
     model, tok = tiny
     ids, _ = choose_draft_vocab(TokenDataset(data_dir, model, tok), 20, model.config.vocab_size, always=[1])
-    drafters = []
-    for i, vocab in enumerate((ids, ids, ids.flip(0))):
-        torch.manual_seed(i)
-        d = build_drafter(model, tok, draft_token_ids=vocab, markov_rank=16, target_layer_ids=[1, 3])
+    others = torch.tensor([t for t in range(model.config.vocab_size) if t not in set(ids.tolist())][:5])
+    b_ids = torch.cat([ids[:15], others])  # b shares a's first 15 tokens and lacks its last 5
+
+    def perturbed(vocab, seed):
+        torch.manual_seed(seed)
+        d = build_drafter(model, tok, draft_token_ids=vocab, markov_rank=16, target_layer_ids=[1, 3]).float()
         with torch.no_grad():
             d.fc.weight.add_(torch.randn_like(d.fc.weight))
-        d.save_pretrained(str(tmp_path / f"d{i}"))
-        drafters.append(d)
-    mod.main(["--out", str(tmp_path / "mean"), str(tmp_path / "d0"), str(tmp_path / "d1")])
-    mean = DSparkDrafter.from_pretrained(str(tmp_path / "mean"), target=model)
-    torch.testing.assert_close(mean.fc.weight, (drafters[0].fc.weight + drafters[1].fc.weight) / 2)
-    assert torch.equal(mean.draft_target_ids(), ids)
-    with pytest.raises(SystemExit, match="different draft vocabularies"):
-        mod.main(["--out", str(tmp_path / "bad"), str(tmp_path / "d0"), str(tmp_path / "d2")])
-    assert not (tmp_path / "bad" / "model.safetensors").exists()
+            d.lm_head.weight.add_(torch.randn_like(d.lm_head.weight))
+        return d
+
+    a, b, b_other = perturbed(ids, 0), perturbed(ids, 1), perturbed(b_ids, 2)
+    fc_mean = (a.fc.weight + b.fc.weight) / 2
+    a_rows, b_rows = a.lm_head.weight.detach().clone(), b_other.lm_head.weight.detach().clone()
+    torch.testing.assert_close(mod.soup(perturbed(ids, 0), b, model, 0.5).fc.weight, fc_mean)
+    mixed = mod.soup(a, b_other, model, 0.5)
+    assert torch.equal(mixed.draft_target_ids(), ids)  # a's draft vocabulary
+    torch.testing.assert_close(mixed.lm_head.weight[:15], (a_rows[:15] + b_rows[:15]) / 2)
+    torch.testing.assert_close(mixed.lm_head.weight[15:], a_rows[15:])  # tokens b never drafted: a's rows alone
