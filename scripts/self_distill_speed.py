@@ -7,7 +7,9 @@ Both contenders decode greedily in bf16 (the target's fast dtype here) with the 
   generate     `model.generate()` on each batch of `--batch-size` prompts in file order, left-padded, every row kept
                until the longest finishes (what a user would write);
   make-data    `hf_dspark.training.data.generate_responses` (what `hf-dspark make-data` runs): batches of similar
-               prompt lengths, finished rows leave the batch and the cache.
+               prompt lengths, finished rows leave the batch and the cache;
+  +states      the same, keeping the target's taps + final hidden states as it generates (`make-data
+               --cache-hidden`: the feature cache `train` reads instead of running the target's forward).
 Reported: generated tokens per second (tokens up to and including EOS; padding after it does not count), the median
 over `--repeats` passes that alternate the order, the ratio make-data / generate, and whether the texts are
 identical. Nothing else may run on the machine meanwhile.
@@ -23,7 +25,8 @@ import torch
 
 from hf_dspark.bench import load_prompts
 from hf_dspark.targets import fast_dtype, load_target
-from hf_dspark.training.data import GenerationSettings, _chat_ids, generate_responses
+from hf_dspark.configuration import default_target_layer_ids
+from hf_dspark.training.data import GenerationSettings, _chat_ids, generate_responses, generate_with_states
 
 
 def plain_generate(model, tok, prompt_ids: list[list[int]], settings: GenerationSettings) -> list[list[int]]:
@@ -53,9 +56,11 @@ def main() -> None:
     prompts = load_prompts(args.prompts, args.num_prompts)
     ids = [_chat_ids(tok, x, None) for x in prompts]
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    taps = [i + 1 for i in default_target_layer_ids(model.config.num_hidden_layers)]
     runners = {
         "generate": lambda: plain_generate(model, tok, ids, settings),
         "make-data": lambda: [resp for _, resp in generate_responses(model, tok, ids, settings)],
+        "+states": lambda: [resp for _, resp in generate_with_states(model, tok, ids, settings, taps)[0]],
     }
     speeds: dict[str, list[float]] = {k: [] for k in runners}
     texts: dict[str, list[list[int]]] = {}
@@ -72,6 +77,8 @@ def main() -> None:
           f"{model.dtype}, {torch.get_num_threads()} threads")
     print(f"generate():  {med['generate']:.1f} tok/s\nmake-data:   {med['make-data']:.1f} tok/s  "
           f"({med['make-data'] / med['generate']:.2f}x generate())")
+    print(f"+states:     {med['+states']:.1f} tok/s  ({med['+states'] / med['make-data']:.2f}x make-data; the same "
+          f"responses: {texts['+states'] == texts['make-data']})")
     print(f"identical responses: {same}/{len(ids)} (bf16: batch composition can flip near-ties)")
 
 

@@ -825,6 +825,58 @@ def test_self_distillation_with_rows_leaving_matches_plain_generate(tiny, engine
         assert p == prompt and resp == ref[:cut]
 
 
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_states_kept_while_generating_are_the_targets_forward_over_each_whole_sequence(tiny, do_sample):
+    from hf_dspark.training.data import generate_responses, generate_with_states
+
+    model, tok = tiny
+    prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+               for p in ("hi", "a much longer prompt here", "mid size")]
+    settings = GenerationSettings(max_new_tokens=12, batch_size=3, do_sample=do_sample)
+    first = model.generate(torch.tensor([prompts[0]]), max_new_tokens=4, do_sample=False, pad_token_id=0)[0, -1].item()
+    model = copy.deepcopy(model)
+    model.generation_config.eos_token_id = first  # greedy: the first row ends early, the others run to the cap
+    torch.manual_seed(0)
+    plain = generate_responses(model, tok, prompts, settings)
+    torch.manual_seed(0)
+    got, states = generate_with_states(model, tok, prompts, settings, tap_ids=[1, 2])
+    if not do_sample:  # a row fed once more draws a token it never uses, so sampled answers differ; greedy ones do not
+        assert got == plain and len(got[0][1]) <= 4 < len(got[1][1]) == 12
+    for (p, resp), (taps, final) in zip(got, states):
+        ref_taps, ref_final = data_mod.target_hidden(model, torch.tensor([p + resp]), [1, 2])
+        assert taps.dtype == final.dtype == torch.bfloat16 and taps.shape == (len(p) + len(resp), 2 * 64)
+        torch.testing.assert_close(taps.float(), ref_taps[0], rtol=2e-2, atol=2e-2)  # bf16 storage only
+        torch.testing.assert_close(final.float(), ref_final[0], rtol=2e-2, atol=2e-2)
+
+
+def test_make_data_keeps_the_feature_cache_that_cache_hidden_would_write(tiny, data_dir, tmp_path):
+    import shutil
+
+    model, tok = tiny
+    drafter = tiny_drafter(model)
+    s = GenerationSettings(max_new_tokens=24, batch_size=4, prompts_per_shard=4)  # data_dir's settings
+    make_data(model, tok, PROMPTS, tmp_path / "kept", s, max_prompts=4, log=lambda *_: None, tap_ids=drafter.tap_hidden_state_ids)
+    make_data(model, tok, PROMPTS, tmp_path / "kept", s, log=lambda *_: None, tap_ids=drafter.tap_hidden_state_ids)  # resumed
+    shutil.copytree(data_dir, tmp_path / "after")
+    data_mod.cache_hidden_states(tmp_path / "after", model, drafter.tap_hidden_state_ids, log=lambda *_: None)
+    kept, after = TokenDataset(tmp_path / "kept", model, tok), TokenDataset(tmp_path / "after", model, tok)
+    assert kept.check_cache(model, drafter.tap_hidden_state_ids) == len(kept) == len(PROMPTS)
+    for i in range(len(kept)):
+        assert torch.equal(kept[i][0], after[i][0])
+        for a, b in zip(kept.cached_hidden(i), after.cached_hidden(i)):
+            torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+    with pytest.raises(DataError, match=r"other taps.*new --out, or delete"):  # one directory never mixes two tap sets
+        make_data(model, tok, PROMPTS, tmp_path / "kept", s, log=lambda *_: None, tap_ids=[1, 2])
+    with pytest.raises(DataError, match="cache-hidden"):  # continuous batching returns tokens only
+        make_data(model, tok, PROMPTS, tmp_path / "cb", s, log=lambda *_: None, engine="continuous", tap_ids=[1, 2])
+    # killed after a shard's states were written but before the shard was committed, then resumed without them
+    stale = data_mod._taps_path(tmp_path / "part", 1)
+    make_data(model, tok, PROMPTS, tmp_path / "part", s, max_prompts=4, log=lambda *_: None, tap_ids=drafter.tap_hidden_state_ids)
+    shutil.copy(data_mod._taps_path(tmp_path / "kept", 1), stale)
+    make_data(model, tok, PROMPTS, tmp_path / "part", s, log=lambda *_: None)
+    assert not stale.exists() and TokenDataset(tmp_path / "part", model, tok).check_cache(model, drafter.tap_hidden_state_ids) == 4
+
+
 def test_continuous_engine_refuses_sampling_by_name(tiny):
     from hf_dspark.training.data import DataError, generate_responses
 

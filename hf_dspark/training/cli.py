@@ -38,6 +38,7 @@ def _load(args):
 def _make_data(args) -> int:
     from .data import (
         CONTINUOUS_SAMPLING_REFUSED,
+        DataError,
         GenerationSettings,
         cache_hidden_states,
         decontaminate,
@@ -85,19 +86,34 @@ def _make_data(args) -> int:
         seed=args.seed,
         system_prompt=args.system_prompt,
     )
-    manifest = make_data(model, tok, prompts, args.out, settings, max_prompts=args.max_prompts, start_prompt=args.start_prompt,
-                         engine=args.engine)
-    print(f"[make-data] {args.out}: {len(manifest['shards'])} shards, next prompt {manifest['next_prompt']}")
-    if args.cache_hidden:
-        from ..configuration import default_target_layer_ids
-
-        layers = model.config.get_text_config().num_hidden_layers
-        cache_hidden_states(args.out, model, [i + 1 for i in default_target_layer_ids(layers)])
+    # the loop engine keeps the target's states as it generates; continuous batching returns tokens only, so its
+    # directory is cached afterwards with one more forward per sequence
+    during = args.cache_hidden and args.engine == "loop"
+    try:
+        manifest = make_data(model, tok, prompts, args.out, settings, max_prompts=args.max_prompts,
+                             start_prompt=args.start_prompt, engine=args.engine,
+                             tap_ids=_tap_ids(args, model) if during else None)
+        print(f"[make-data] {args.out}: {len(manifest['shards'])} shards, next prompt {manifest['next_prompt']}")
+        if args.cache_hidden and not during:
+            cache_hidden_states(args.out, model, _tap_ids(args, model))
+    except DataError as err:
+        raise SystemExit(str(err)) from None
     return 0
 
 
+def _tap_ids(args, model) -> list[int]:
+    """The HF hidden_states indices to cache: the taps of --drafter, else those a new drafter gets for this target."""
+    from ..configuration import DSparkConfig, default_target_layer_ids
+
+    if args.drafter:
+        layer_ids = DSparkConfig.from_pretrained(args.drafter).target_layer_ids
+    else:
+        layer_ids = default_target_layer_ids(model.config.get_text_config().num_hidden_layers)
+    return [i + 1 for i in layer_ids]
+
+
 def _make_data_as_written(args) -> int:
-    from .data import decontaminate, make_data_as_written, read_conversations
+    from .data import cache_hidden_states, decontaminate, make_data_as_written, read_conversations
     from .evaluate import HELDOUT_POOL, drop_heldout_conversations
 
     conversations = drop_heldout_conversations(read_conversations(args.prompts))
@@ -115,6 +131,8 @@ def _make_data_as_written(args) -> int:
     manifest = make_data_as_written(model, tok, conversations, args.out, max_tokens=args.max_tokens, seed=args.seed)
     print(f"[make-data] {args.out}: {sum(s['num_sequences'] for s in manifest['shards'])} sequences, "
           f"{sum(s['num_response_tokens'] for s in manifest['shards'])} response tokens")
+    if args.cache_hidden:  # no generation here to keep states from: one forward per sequence
+        cache_hidden_states(args.out, model, _tap_ids(args, model))
     return 0
 
 
@@ -168,7 +186,13 @@ def _add_make_data(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--no-decontaminate", action="store_true", help="keep prompts that look like the eval sets")
-    p.add_argument("--cache-hidden", action="store_true", help="also cache bf16 taps + final hidden states (prints size)")
+    p.add_argument("--cache-hidden", action="store_true",
+                   help="also store the target's taps + final hidden states (bf16, ~6.9 KB per SmolLM2 token) for "
+                   "`train`, which then skips the target's forward: kept as the loop engine generates (no extra "
+                   "forward), computed afterwards for --engine continuous and --as-written")
+    p.add_argument("--drafter", default=None,
+                   help="with --cache-hidden: the drafter that will train on the data (its taps; default: the taps a "
+                   "new drafter gets for this target)")
     p.add_argument("--as-written", action="store_true",
                    help="take the conversations as written (ShareGPT-style file; no generation): the training labels "
                    "come from the target's forward over the text (EAGLE-1's recipe). Millions of tokens in minutes. The "
@@ -179,15 +203,10 @@ def _add_make_data(sub) -> None:
 
 # ------------------------------------------------------------------------------------------- cache-hidden
 def _cache_hidden(args) -> int:
-    from ..configuration import DSparkConfig, default_target_layer_ids
     from .data import DataError, _weighted_dir, cache_hidden_states
 
     model, _ = _load(args)
-    if args.drafter:
-        layer_ids = DSparkConfig.from_pretrained(args.drafter).target_layer_ids
-    else:
-        layer_ids = default_target_layer_ids(model.config.get_text_config().num_hidden_layers)
-    taps = [i + 1 for i in layer_ids]  # HF hidden_states indices
+    taps = _tap_ids(args, model)  # HF hidden_states indices
     for spec in args.data.split(","):
         directory, _ = _weighted_dir(spec)  # `dir:N` as in train's --data; the weight does not matter here
         print(f"[cache] {directory}: the target's taps {taps} (hidden_states indices) and final states")

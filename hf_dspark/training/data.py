@@ -296,20 +296,51 @@ def generate_responses(
     until the longest row ends). engine "continuous": transformers' continuous batching (`model.generate_batch`:
     paged KV cache, finished rows replaced by waiting prompts, CUDA graphs on a GPU; greedy only; its paged cache
     holds `settings.batch_size` requests at once, so several processes can share one GPU)."""
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids), 0)
+    eos_ids, pad = _eos_and_pad(model, tokenizer)
     if engine == "continuous":
         return list(zip(prompt_ids, _continuous_batch(model, prompt_ids, settings, eos_ids, pad)))
     if engine != "loop":
         raise DataError(f"unknown generation engine {engine!r}; use one of {', '.join(GENERATION_ENGINES)}.")
+    return _loop_generate(model, prompt_ids, settings, eos_ids, pad)[0]
+
+
+@torch.no_grad()
+def generate_with_states(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: list[list[int]],
+    settings: GenerationSettings,
+    tap_ids: list[int],
+) -> tuple[list[tuple[list[int], list[int]]], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """`generate_responses` (engine "loop"), plus the target's states over each whole sequence as generation computed
+    them: (taps [T, m*H], final post-norm hidden [T, H]) bf16 per prompt, T = prompt + response, `tap_ids` being HF
+    hidden_states indices. What `cache_hidden_states` would store, without a second forward over the data."""
+    eos_ids, pad = _eos_and_pad(model, tokenizer)
+    return _loop_generate(model, prompt_ids, settings, eos_ids, pad, tap_ids)
+
+
+def _eos_and_pad(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[set, int]:
+    """The target's end-of-turn token ids and the id that pads a batch."""
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+    return eos_ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids), 0)
+
+
+def _loop_generate(model, prompt_ids: list[list[int]], settings: GenerationSettings, eos_ids: set, pad: int,
+                   tap_ids: list[int] | None = None) -> tuple[list, list | None]:
+    """Batches of prompts of similar lengths (sorted) through `_decode_batch`; results in the order of `prompt_ids`."""
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))  # similar lengths per batch
-    by_index: dict[int, tuple[list[int], list[int]]] = {}
+    sequences: dict[int, tuple[list[int], list[int]]] = {}
+    states: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for start in range(0, len(order), settings.batch_size):
         idx = order[start : start + settings.batch_size]
-        for i, resp in zip(idx, _decode_batch(model, [prompt_ids[i] for i in idx], settings, eos_ids, pad)):
-            by_index[i] = (prompt_ids[i], resp)
-    return [by_index[i] for i in range(len(prompt_ids))]
+        responses, batch_states = _decode_batch(model, [prompt_ids[i] for i in idx], settings, eos_ids, pad, tap_ids)
+        for k, i in enumerate(idx):
+            sequences[i] = (prompt_ids[i], responses[k])
+            if batch_states is not None:
+                states[i] = batch_states[k]
+    n = len(prompt_ids)
+    return [sequences[i] for i in range(n)], ([states[i] for i in range(n)] if tap_ids is not None else None)
 
 
 @contextmanager
@@ -346,8 +377,11 @@ def _continuous_batch(model, prompts: list[list[int]], settings: GenerationSetti
     return [list(r.generated_tokens) for r in results]
 
 
-def _decode_batch(model, prompts: list[list[int]], settings: GenerationSettings, eos_ids: set, pad: int) -> list[list[int]]:
-    """Left-padded prefill, then one token per step for the rows still running; finished rows leave the cache."""
+def _decode_batch(model, prompts: list[list[int]], settings: GenerationSettings, eos_ids: set, pad: int,
+                  tap_ids: list[int] | None = None) -> tuple[list[list[int]], list | None]:
+    """Left-padded prefill, then one token per step for the rows still running; finished rows leave the cache.
+    Returns the responses and, with `tap_ids`, each row's (taps [T, m*H], final [T, H]) bf16 over prompt + response:
+    a finished row then stays for one more step, so that its last token is fed too, and leaves after it."""
     from transformers import DynamicCache
     from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
@@ -372,18 +406,32 @@ def _decode_batch(model, prompts: list[list[int]], settings: GenerationSettings,
     cache_arg = {cache_kwarg(model): cache}  # "cache" from transformers 5.24 ("past_key_values" is deprecated there)
     # the prefill's logits over every prompt position ([R, T, V]: GBs at batch 256) are never needed
     last_only = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
-    for _ in range(settings.max_new_tokens):
-        logits = model(input_ids=step_ids, attention_mask=att, position_ids=step_pos, use_cache=True, **last_only,
-                       **cache_arg).logits[:, -1].float()  # [R, V]
+    capture = tap_ids is not None
+    states = None  # with tap_ids: (taps [N, width + max_new + 1, m*H], final [N, ..., H]) bf16 in the padded columns
+    complete: set[int] = set()  # prompts whose last token is chosen (fed once more when capturing)
+    col = 0  # the padded column of the first token fed this step (all rows advance together)
+    while live:
+        res = model(input_ids=step_ids, attention_mask=att, position_ids=step_pos, use_cache=True, **last_only,
+                    output_hidden_states=capture, **cache_arg)
+        if capture:
+            states = _keep_step_states(states, live, res.hidden_states, tap_ids, col, width + settings.max_new_tokens + 1)
+        col += step_ids.shape[1]
+        logits = res.logits[:, -1].float()  # [R, V]
         if settings.do_sample:
             nxt = sample_rows(torch.softmax(warpers(None, logits), -1))  # torch.multinomial's draw, cheaper noise
         else:
             nxt = logits.argmax(-1)
         keep = []
         for row, token in enumerate(nxt.tolist()):
-            out[live[row]].append(token)
-            if token not in eos_ids and len(out[live[row]]) < settings.max_new_tokens:
-                keep.append(row)
+            p = live[row]
+            if p in complete:
+                continue  # its last token was just fed
+            out[p].append(token)
+            if token in eos_ids or len(out[p]) >= settings.max_new_tokens:
+                if not capture:
+                    continue
+                complete.add(p)
+            keep.append(row)
         if not keep:
             break
         step_pos = step_pos[:, -1:] + 1
@@ -395,7 +443,23 @@ def _decode_batch(model, prompts: list[list[int]], settings: GenerationSettings,
             live = [live[r] for r in keep]
             n = len(live)
         step_ids = nxt[:, None]
-    return out
+    if not capture:
+        return out, None
+    spans = [(width - len(p), width + len(r)) for p, r in zip(prompts, out)]  # each sequence's padded columns
+    return out, [(states[0][i, a:b], states[1][i, a:b]) for i, (a, b) in enumerate(spans)]
+
+
+def _keep_step_states(states, live: list[int], hidden_states: tuple, tap_ids: list[int], col: int, columns: int):
+    """Write the live rows' states of the tokens just fed into columns col.. of per-prompt buffers (allocated at the
+    prefill, when every prompt is live) and return the buffers."""
+    taps = torch.cat([hidden_states[i] for i in tap_ids], dim=-1).to(torch.bfloat16).cpu()  # [R, w, m*H]
+    final = hidden_states[-1].to(torch.bfloat16).cpu()  # [R, w, H]: the post-norm last hidden state
+    if states is None:
+        states = (taps.new_zeros(len(live), columns, taps.shape[-1]), final.new_zeros(len(live), columns, final.shape[-1]))
+    rows = torch.tensor(live)
+    states[0][rows, col : col + taps.shape[1]] = taps
+    states[1][rows, col : col + final.shape[1]] = final
+    return states
 
 
 def _write_shard(path: Path, sequences: list[tuple[list[int], list[int]]], response_masks: list[list[int]] | None = None) -> int:
@@ -451,13 +515,19 @@ def make_data(
     start_prompt: int = 0,
     log=print,
     engine: str = "loop",
+    tap_ids: list[int] | None = None,
 ) -> dict:
     """Generate (or resume generating) a self-distillation dataset into `out_dir`; returns the manifest.
 
     `start_prompt` starts a new directory at that position of the seeded order (the prompts before it are another
     directory's); a directory keeps the start it was made with. `engine`: see `generate_responses` (greedy outputs
-    are the same either way, so one directory may mix them).
+    are the same either way, so one directory may mix them). `tap_ids` (HF hidden_states indices; engine "loop"):
+    also store the target's states as generation computes them, the feature cache of `cache_hidden_states` at no
+    extra forward, each shard's taps file written before the shard is committed.
     """
+    if tap_ids is not None and engine != "loop":
+        raise DataError(f"the {engine} engine does not return the target's hidden states; keep them with the loop "
+                        "engine, or cache them afterwards with `hf-dspark cache-hidden`.")
     if not 0 <= start_prompt < len(prompts):
         raise DataError(f"--start-prompt {start_prompt} is outside the {len(prompts)} prompts; use 0 <= N < {len(prompts)}.")
     if max_prompts is not None and max_prompts <= start_prompt:
@@ -496,6 +566,8 @@ def make_data(
             "shards": [],
         }
         write_json_atomic(manifest_path, manifest)
+    if tap_ids is not None:
+        _refuse_other_caches(out, model, tap_ids)
     order = shuffled_order(len(prompts), settings.seed)
     limit = min(len(prompts), max_prompts or len(prompts))
     t0, made = time.time(), 0
@@ -512,7 +584,12 @@ def make_data(
                 chunk.append(ids)
             shard_index = len(manifest["shards"])
             torch.manual_seed(settings.seed * 1_000_003 + shard_index)
-            sequences = generate_responses(model, tokenizer, chunk, settings, engine) if chunk else []
+            if tap_ids is not None:
+                sequences, states = generate_with_states(model, tokenizer, chunk, settings, tap_ids) if chunk else ([], [])
+                _write_taps(_taps_path(out, shard_index), states, model, tap_ids)
+            else:
+                _taps_path(out, shard_index).unlink(missing_ok=True)  # a killed run's states of a shard never committed
+                sequences = generate_responses(model, tokenizer, chunk, settings, engine) if chunk else []
             name = f"shard-{shard_index:05d}.safetensors"
             num_tokens = _write_shard(out / name, sequences)
             manifest["shards"].append(
@@ -766,25 +843,40 @@ def cache_hidden_states(
     if not confirm:
         return need
     ds.check_cache(model, tap_ids)
-    meta = _cache_metadata(model, tap_ids)
     for s, shard in enumerate(ds.manifest["shards"]):
         path = _taps_path(ds.dir, s)
         if path.is_file():
             continue
-        taps, finals, offsets = [], [], [0]
+        states = []
         for i, (_, ss, _) in enumerate(ds.where):
-            if ss != s:
-                continue
-            with torch.no_grad():
+            if ss == s:
                 t, f = target_hidden(model, ds.ids[i][None].to(model.device), tap_ids)
-            taps.append(t[0].bfloat16().cpu())
-            finals.append(f[0].bfloat16().cpu())
-            offsets.append(offsets[-1] + t.shape[1])
-        tensors = {
-            "taps": torch.cat(taps) if taps else torch.zeros(0, len(tap_ids) * h, dtype=torch.bfloat16),
-            "final": torch.cat(finals) if finals else torch.zeros(0, h, dtype=torch.bfloat16),
-            "offsets": torch.tensor(offsets, dtype=torch.int64),
-        }
-        _save_atomic(tensors, path, f"the cache needs {need / 2**30:.2f} GiB: free space or train online", meta)
+                states.append((t[0].bfloat16().cpu(), f[0].bfloat16().cpu()))
+        _write_taps(path, states, model, tap_ids, f"the cache needs {need / 2**30:.2f} GiB: free space or train online")
         log(f"[cache] wrote {path.name} ({s + 1} of {len(ds.manifest['shards'])} shards)")
     return need
+
+
+def _write_taps(path: Path, states: list[tuple[torch.Tensor, torch.Tensor]], model: PreTrainedModel, tap_ids: list[int],
+                remedy: str = "free space and rerun the same command to resume") -> None:
+    """One shard's feature cache: each sequence's (taps [T, m*H], final [T, H]) bf16 in shard order, atomically."""
+    h = model.config.get_text_config().hidden_size
+    tensors = {
+        "taps": torch.cat([t for t, _ in states]) if states else torch.zeros(0, len(tap_ids) * h, dtype=torch.bfloat16),
+        "final": torch.cat([f for _, f in states]) if states else torch.zeros(0, h, dtype=torch.bfloat16),
+        "offsets": torch.tensor([0] + [len(t) for t, _ in states], dtype=torch.int64).cumsum(0),
+    }
+    _save_atomic(tensors, path, remedy, _cache_metadata(model, tap_ids))
+
+
+def _refuse_other_caches(directory: Path, model: PreTrainedModel, tap_ids: list[int]) -> None:
+    """make-data resuming with the states kept: its directory's existing taps files must be for the same taps,
+    target and dtype (one directory never mixes two)."""
+    want = _cache_metadata(model, tap_ids)
+    for path in sorted(directory.glob("taps-*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            have = f.metadata() or {}
+        if any(have.get(k) != v for k, v in want.items()):
+            raise DataError(f"{path} holds target states for other taps, target or dtype ({have.get('tap_ids')}, "
+                            f"{have.get('target_dtype')}) than this run's ({want['tap_ids']}, {want['target_dtype']}); "
+                            f"use a new --out, or delete {directory}/taps-*.safetensors first.")
