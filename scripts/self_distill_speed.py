@@ -24,8 +24,8 @@ import time
 import torch
 
 from hf_dspark.bench import load_prompts
-from hf_dspark.targets import fast_dtype, load_target
 from hf_dspark.configuration import default_target_layer_ids
+from hf_dspark.targets import fast_dtype, load_target
 from hf_dspark.training.data import GenerationSettings, _chat_ids, generate_responses, generate_with_states
 
 

@@ -407,14 +407,17 @@ def _decode_batch(model, prompts: list[list[int]], settings: GenerationSettings,
     # the prefill's logits over every prompt position ([R, T, V]: GBs at batch 256) are never needed
     last_only = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
     capture = tap_ids is not None
-    states = None  # with tap_ids: (taps [N, width + max_new + 1, m*H], final [N, ..., H]) bf16 in the padded columns
+    if capture:  # (taps [N, C, m*H], final [N, C, H]) bf16, C = the padded columns every fed token can reach
+        h, columns = model.config.get_text_config().hidden_size, width + settings.max_new_tokens
+        states = (torch.zeros(n, columns, len(tap_ids) * h, dtype=torch.bfloat16),
+                  torch.zeros(n, columns, h, dtype=torch.bfloat16))
     complete: set[int] = set()  # prompts whose last token is chosen (fed once more when capturing)
     col = 0  # the padded column of the first token fed this step (all rows advance together)
     while live:
         res = model(input_ids=step_ids, attention_mask=att, position_ids=step_pos, use_cache=True, **last_only,
                     output_hidden_states=capture, **cache_arg)
         if capture:
-            states = _keep_step_states(states, live, res.hidden_states, tap_ids, col, width + settings.max_new_tokens + 1)
+            _keep_step_states(states, live, res.hidden_states, tap_ids, col)
         col += step_ids.shape[1]
         logits = res.logits[:, -1].float()  # [R, V]
         if settings.do_sample:
@@ -449,17 +452,14 @@ def _decode_batch(model, prompts: list[list[int]], settings: GenerationSettings,
     return out, [(states[0][i, a:b], states[1][i, a:b]) for i, (a, b) in enumerate(spans)]
 
 
-def _keep_step_states(states, live: list[int], hidden_states: tuple, tap_ids: list[int], col: int, columns: int):
-    """Write the live rows' states of the tokens just fed into columns col.. of per-prompt buffers (allocated at the
-    prefill, when every prompt is live) and return the buffers."""
-    taps = torch.cat([hidden_states[i] for i in tap_ids], dim=-1).to(torch.bfloat16).cpu()  # [R, w, m*H]
-    final = hidden_states[-1].to(torch.bfloat16).cpu()  # [R, w, H]: the post-norm last hidden state
-    if states is None:
-        states = (taps.new_zeros(len(live), columns, taps.shape[-1]), final.new_zeros(len(live), columns, final.shape[-1]))
+def _keep_step_states(states: tuple[torch.Tensor, torch.Tensor], live: list[int], hidden_states: tuple,
+                      tap_ids: list[int], col: int) -> None:
+    """Write the live rows' states of the tokens just fed into columns col.. of the per-prompt buffers."""
+    taps = torch.cat([hidden_states[i] for i in tap_ids], dim=-1)  # [R, w, m*H]
+    final = hidden_states[-1]  # [R, w, H]: the post-norm last hidden state
     rows = torch.tensor(live)
-    states[0][rows, col : col + taps.shape[1]] = taps
-    states[1][rows, col : col + final.shape[1]] = final
-    return states
+    states[0][rows, col : col + taps.shape[1]] = taps.to(torch.bfloat16).cpu()
+    states[1][rows, col : col + final.shape[1]] = final.to(torch.bfloat16).cpu()
 
 
 def _write_shard(path: Path, sequences: list[tuple[list[int], list[int]]], response_masks: list[list[int]] | None = None) -> int:
@@ -782,16 +782,14 @@ class TokenDataset:
             path = _taps_path(directory, shard)
             if not path.is_file():
                 continue
-            with safe_open(str(path), framework="pt") as f:
-                have = f.metadata() or {}
-            for key, label in (("cache_format", "cache format"), ("tap_ids", "tap set (hidden_states indices)"),
-                               ("target_id", "target"), ("target_dtype", "target dtype")):
-                if have.get(key) != want[key]:
-                    raise DataError(
-                        f"{path} holds target states for {label} {have.get(key, 'unrecorded')}, but this run needs "
-                        f"{want[key]}; delete {directory}/taps-*.safetensors and rerun `hf-dspark cache-hidden --data "
-                        f"{directory}` with this drafter and target (or train without the cache)."
-                    )
+            mismatch = _cache_mismatch(path, want)
+            if mismatch:
+                label, have, needed = mismatch
+                raise DataError(
+                    f"{path} holds target states for {label} {have}, but this run needs {needed}; "
+                    f"delete {directory}/taps-*.safetensors and rerun `hf-dspark cache-hidden --data {directory}` with "
+                    "this drafter and target (or train without the cache)."
+                )
             cached += count
         return cached
 
@@ -874,9 +872,24 @@ def _refuse_other_caches(directory: Path, model: PreTrainedModel, tap_ids: list[
     target and dtype (one directory never mixes two)."""
     want = _cache_metadata(model, tap_ids)
     for path in sorted(directory.glob("taps-*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            have = f.metadata() or {}
-        if any(have.get(k) != v for k, v in want.items()):
-            raise DataError(f"{path} holds target states for other taps, target or dtype ({have.get('tap_ids')}, "
-                            f"{have.get('target_dtype')}) than this run's ({want['tap_ids']}, {want['target_dtype']}); "
-                            f"use a new --out, or delete {directory}/taps-*.safetensors first.")
+        mismatch = _cache_mismatch(path, want)
+        if mismatch:
+            label, have, needed = mismatch
+            raise DataError(f"{path} holds target states for other taps, target or dtype: {label} {have}, where this "
+                            f"run's is {needed}; use a new --out, or delete "
+                            f"{directory}/taps-*.safetensors first.")
+
+
+# the feature cache's metadata keys, as error messages name them
+_CACHE_LABELS = {"cache_format": "cache format", "tap_ids": "tap set (hidden_states indices)", "target_id": "target",
+                 "target_dtype": "target dtype"}
+
+
+def _cache_mismatch(path: Path, want: dict[str, str]) -> tuple[str, str, str] | None:
+    """(label, recorded value, wanted value) of the first metadata entry of a taps file that differs from `want`."""
+    with safe_open(str(path), framework="pt") as f:
+        have = f.metadata() or {}
+    for key, label in _CACHE_LABELS.items():
+        if have.get(key) != want[key]:
+            return label, have.get(key, "unrecorded"), want[key]
+    return None
