@@ -14,6 +14,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+try:  # POSIX; Windows converts without the lock
+    import fcntl
+except ImportError:
+    fcntl = None
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
@@ -121,7 +126,13 @@ def target_folder(name: str) -> Path:
         raise ValueError(f"Unknown target {name!r}; known targets: {', '.join(TARGETS)} (or load any HF model yourself).")
     dest = cache_root() / "targets" / name
     if not (dest / "COMPLETE").is_file():
-        _convert(TARGETS[name], dest)
+        # one conversion at a time: two processes starting together would each replace the folder under the other
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(dest.parent / f".{name}.lock", "w") as lock:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (dest / "COMPLETE").is_file():  # another process may have converted it while we waited
+                _convert(TARGETS[name], dest)
     return dest
 
 

