@@ -41,17 +41,13 @@ cfg = T.TrainConfig(data_dir=data, out_dir="unused", max_steps=10**6, batch_size
 trainer = T.Trainer(drafter, model, dataset, cfg, pad_id=tok.pad_token_id or 0, log=lambda *a: None)
 torch.set_flush_denormal(True)
 
-def rss_anon_mb():
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("RssAnon"))
-
 out = {"steps": [], "rss_mb": []}
 for step in range(1, steps + 1):
     trainer.train_step()
     T.release_freed_memory()
     if step % every == 0:
         out["steps"].append(step)
-        out["rss_mb"].append(rss_anon_mb())
+        out["rss_mb"].append(round(T.anonymous_memory_mb()))
 print(json.dumps(out))
 """
 
@@ -73,8 +69,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--every", type=int, default=5, help="steps between memory readings")
     args = p.parse_args()
-    if args.steps < 2 * args.every:
-        p.error("--steps must cover at least two readings (2 x --every)")
+    if args.every < 1 or args.steps < 4 * args.every:
+        p.error("--steps must cover at least four readings (4 x --every, --every >= 1): the growth is fitted over the "
+                "second half of them")
     if not Path("/proc/self/status").is_file():
         p.error("this script reads /proc/self/status (Linux)")
     results = {}

@@ -26,7 +26,15 @@ from hf_dspark.training.losses import (
     sparse_target,
 )
 from hf_dspark.training.packing import pack_blocks, pad_batch, sample_anchors
-from hf_dspark.training.trainer import TrainConfig, Trainer, drafter_step_outputs, lr_lambda, release_freed_memory
+from hf_dspark.training.trainer import (
+    TrainConfig,
+    Trainer,
+    _malloc_trim,
+    anonymous_memory_mb,
+    drafter_step_outputs,
+    lr_lambda,
+    release_freed_memory,
+)
 
 PROMPTS = ["hello there", "abc def", "x y z", "qq rr", "one two three", "the cat sat", "foo bar", "lorem ipsum"]
 
@@ -1024,19 +1032,14 @@ def test_soup_drafters_means_the_weights_and_keeps_a_s_rows_for_tokens_b_never_d
     torch.testing.assert_close(mixed.lm_head.weight[15:], a_rows[15:])  # tokens b never drafted: a's rows alone
 
 
-def _rss_anon_mb() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("RssAnon"))
-
-
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads Linux's /proc/self/status")
 def test_freed_heap_pages_go_back_to_the_os_after_a_step():
     """The trainer calls release_freed_memory after every CPU step: tensors freed in the middle of glibc's heap
     (smaller than its mmap threshold, as many of a step's temporaries are) stay resident until it runs."""
-    if release_freed_memory.__defaults__[0] is None:
+    if _malloc_trim is None:
         pytest.skip("not glibc: nothing to release")
     blocks = [torch.ones(24_000) for _ in range(3000)]  # ~96 KB each, on the heap
     del blocks[:-1]  # the last one pins the heap's top, so free() alone gives nothing back
-    before = _rss_anon_mb()
+    before = anonymous_memory_mb()
     release_freed_memory()
-    assert before - _rss_anon_mb() > 150
+    assert before - anonymous_memory_mb() > 150

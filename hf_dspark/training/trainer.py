@@ -119,12 +119,23 @@ def _glibc_malloc_trim():
         return None
 
 
-def release_freed_memory(trim=_glibc_malloc_trim()) -> None:
-    """Hand the heap's free pages back to the OS. A CPU step's temporaries change size with every batch's sequence
-    lengths and fragment glibc's heap: without this a SmolLM2 run's anonymous memory grew ~58 MB per step, with it
-    ~18 MB (scripts/training_memory.py; most of the rest is oneDNN's cache of one primitive per matrix shape)."""
-    if trim is not None:
-        trim(0)
+_malloc_trim = _glibc_malloc_trim()
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc; a no-op elsewhere). A CPU step's temporaries change size with
+    every batch's sequence lengths and fragment glibc's heap: without this a SmolLM2 run's anonymous memory grew ~58 MB
+    per step, with it ~18 MB (scripts/training_memory.py; most of the rest is oneDNN's cache of one primitive per
+    matrix shape)."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def anonymous_memory_mb() -> float:
+    """This process's anonymous resident memory (RssAnon, MB; Linux): what the heap holds, without memory-mapped
+    files such as the feature cache."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("RssAnon"))
 
 
 def lr_lambda(step: int, total: int, warmup_ratio: float) -> float:
