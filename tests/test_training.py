@@ -1025,11 +1025,21 @@ def test_soup_drafters_means_the_weights_and_keeps_a_s_rows_for_tokens_b_never_d
     a, b, b_other = perturbed(ids, 0), perturbed(ids, 1), perturbed(b_ids, 2)
     fc_mean = (a.fc.weight + b.fc.weight) / 2
     a_rows, b_rows = a.lm_head.weight.detach().clone(), b_other.lm_head.weight.detach().clone()
-    torch.testing.assert_close(mod.soup(perturbed(ids, 0), b, model, 0.5).fc.weight, fc_mean)
-    mixed = mod.soup(a, b_other, model, 0.5)
+    torch.testing.assert_close(mod.soup([perturbed(ids, 0), b], model, [0.5, 0.5]).fc.weight, fc_mean)
+    c = perturbed(ids, 3)
+    fc_three = 0.5 * a.fc.weight + 0.25 * (b.fc.weight + c.fc.weight)
+    lm_three = 0.5 * a_rows + 0.25 * (b.lm_head.weight + c.lm_head.weight)
+    three = mod.soup([perturbed(ids, 0), b, c], model, mod.parse_weights("2,1,1", 3))
+    torch.testing.assert_close(three.fc.weight, fc_three)
+    torch.testing.assert_close(three.lm_head.weight, lm_three)
+    mixed = mod.soup([a, b_other, c], model, [0.5, 0.25, 0.25])
     assert torch.equal(mixed.draft_target_ids(), ids)  # a's draft vocabulary
-    torch.testing.assert_close(mixed.lm_head.weight[:15], (a_rows[:15] + b_rows[:15]) / 2)
-    torch.testing.assert_close(mixed.lm_head.weight[15:], a_rows[15:])  # tokens b never drafted: a's rows alone
+    both = (0.5 * a_rows + 0.25 * (b_rows + c.lm_head.weight))[:15]
+    torch.testing.assert_close(mixed.lm_head.weight[:15], both)
+    # tokens b_other never drafted: the mean of a and c alone, at their weights renormalised
+    torch.testing.assert_close(mixed.lm_head.weight[15:], (2 * a_rows[15:] + c.lm_head.weight[15:]) / 3)
+    with pytest.raises(SystemExit, match="3 non-negative numbers"):
+        mod.parse_weights("1,1", 3)
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads Linux's /proc/self/status")
