@@ -33,12 +33,16 @@ OLD_LABELS = {
 
 
 def append_run(points: list[dict], history: list[dict], session: int, run: str, cores: int, label: str,
-               heldout: str | None, gpu: bool = False) -> list[dict]:
+               heldout: str | None, gpu: bool = False, soup_seconds: float = 0.0) -> list[dict]:
     """The run's evaluations, counted on from the last point (its step, tokens and CPU-hours start at 0). A run on a
-    GPU (`gpu`) adds its seconds to `gpu_seconds` instead of CPU-hours."""
+    GPU (`gpu`) adds its seconds to `gpu_seconds` instead of CPU-hours. `soup_seconds`: the training seconds of the
+    other runs whose weights were averaged with this one's (a weight soup); they count in the CPU-hours in proportion
+    to the run's own seconds, so its last point holds them all, and its steps and tokens stay its own."""
     if any((p["session"], p.get("run")) == (session, run) for p in points):
         raise SystemExit(f"session {session}'s run {run} is already in the curve; pick the next session or run.")
     last = points[-1]
+    own = max((h["train_seconds"] for h in history), default=0.0)
+    scale = (own + soup_seconds) / own if own > 0 else 1.0  # CPU-seconds of the soup per second of this run
     new = []
     for h in history:
         if "eval_tau_tf" not in h:
@@ -50,7 +54,7 @@ def append_run(points: list[dict], history: list[dict], session: int, run: str, 
             "tokens_seen": last["tokens_seen"] + h["tokens_seen"],
             "train_seconds": h["train_seconds"],
             "eval_tau_tf": h["eval_tau_tf"],
-            "cpu_hours": round(last["cpu_hours"] + (0 if gpu else h["train_seconds"] * cores / 3600), 3),
+            "cpu_hours": round(last["cpu_hours"] + (0 if gpu else h["train_seconds"] * scale * cores / 3600), 3),
             "gpu_seconds": round(last.get("gpu_seconds", 0) + (h["train_seconds"] if gpu else 0), 1),
             "label": label,
             **({"heldout": heldout} if heldout else {}),
@@ -94,6 +98,9 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true", help="the run trained on a GPU: its seconds count as GPU-seconds")
     ap.add_argument("--label", default="", help="the legend's text for the new session")
     ap.add_argument("--heldout", default=None, help="what the run held out")
+    ap.add_argument("--soup-with", type=Path, nargs="+", default=[], metavar="HISTORY",
+                    help="history.json of each other run averaged with this one (scripts/soup_drafters.py): their "
+                         "training seconds count in the CPU-hours (each on --cores), their tokens are printed")
     ap.add_argument("--title", default="DSpark drafter for SmolLM2-135M-Instruct, trained on a 2-core CPU")
     args = ap.parse_args()
     curve = args.card / "learning_curve.json"
@@ -102,7 +109,14 @@ def main() -> None:
         if args.session is None or args.run is None:
             ap.error("--append needs --session and --run")
         history = json.loads(args.append.read_text())
-        points = append_run(points, history, args.session, args.run, args.cores, args.label, args.heldout, args.gpu)
+        others = [json.loads(h.read_text()) for h in args.soup_with]
+        soup_seconds = sum(max(p["train_seconds"] for p in h) for h in others)
+        if others:
+            tokens = sum(max(p["tokens_seen"] for p in h) for h in others)
+            print(f"the soup's {len(others)} other runs: {soup_seconds / 60:.0f} minutes of training, "
+                  f"{tokens / 1e6:.2f}M tokens (not on the curve's token axis)")
+        points = append_run(points, history, args.session, args.run, args.cores, args.label, args.heldout, args.gpu,
+                            soup_seconds)
         write_json_atomic(curve, points)
     draw(points, args.card / "learning_curve.png", args.title)
     last = points[-1]

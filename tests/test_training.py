@@ -929,6 +929,8 @@ def test_card_learning_curve_counts_a_new_run_on_from_the_last_point(tmp_path):
         mod.append_run(points, history, 19, "i", cores=2, label="", heldout=None)
     on_gpu = mod.append_run(grown, history, 21, "gpu", cores=2, label="", heldout=None, gpu=True)
     assert [(p["cpu_hours"], p["gpu_seconds"]) for p in on_gpu[-2:]] == [(3.04, 0.0), (3.04, 72.0)]
+    souped = mod.append_run(points, history, 22, "s", cores=1, label="", heldout=None, soup_seconds=216.0)
+    assert [(p["tokens_seen"], p["cpu_hours"]) for p in souped[1:]] == [(5000, 3.0), (6600, 3.08)]  # 72 s + 216 s
     mod.draw(grown, tmp_path / "curve.png", "test")
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
 
