@@ -84,7 +84,7 @@ def draw(points: list[dict], path: Path, title: str) -> None:
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     fig.tight_layout()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+        fig.savefig(tmp, dpi=110, format="png", bbox_inches="tight")  # the legend below the axes, whole
     plt.close(fig)
 
 
