@@ -46,10 +46,12 @@ def soup(drafters: list[DSparkDrafter], target, weights: list[float]) -> DSparkD
         if not t0.is_floating_point():
             out[name] = t0  # d2t / t2d maps: the first drafter's
             continue
-        total = torch.zeros_like(t0)
-        mass = torch.zeros(t0.shape[0] if name in ROW_TENSORS else 1)  # [D] per row, or [1]
+        if name not in ROW_TENSORS:
+            out[name] = sum(w * state[name].to(t0.device) for (state, _), w in zip(states, weights)) / sum(weights)
+            continue
+        total, mass = torch.zeros_like(t0), torch.zeros(t0.shape[0])  # [D, ...], [D]: per draft row
         for (state, had), w in zip(states, weights):
-            keep = torch.ones_like(mass) if had is None or name not in ROW_TENSORS else had.to(mass.dtype)
+            keep = torch.ones_like(mass) if had is None else had.to(mass.dtype)  # [D]: did this drafter have the row
             total += w * keep.view(-1, *([1] * (t0.dim() - 1))) * state[name].to(t0.device)
             mass += w * keep
         out[name] = total / mass.view(-1, *([1] * (t0.dim() - 1)))
