@@ -32,6 +32,11 @@ OLD_LABELS = {
 }
 
 
+def trained_seconds(history: list[dict]) -> float:
+    """A run's training seconds: its history's last (largest) reading."""
+    return max((h["train_seconds"] for h in history), default=0.0)
+
+
 def append_run(points: list[dict], history: list[dict], session: int, run: str, cores: int, label: str,
                heldout: str | None, gpu: bool = False, soup_seconds: float = 0.0) -> list[dict]:
     """The run's evaluations, counted on from the last point (its step, tokens and CPU-hours start at 0). A run on a
@@ -41,7 +46,7 @@ def append_run(points: list[dict], history: list[dict], session: int, run: str, 
     if any((p["session"], p.get("run")) == (session, run) for p in points):
         raise SystemExit(f"session {session}'s run {run} is already in the curve; pick the next session or run.")
     last = points[-1]
-    own = max((h["train_seconds"] for h in history), default=0.0)
+    own = trained_seconds(history)
     scale = (own + soup_seconds) / own if own > 0 else 1.0  # CPU-seconds of the soup per second of this run
     new = []
     for h in history:
@@ -110,7 +115,7 @@ def main() -> None:
             ap.error("--append needs --session and --run")
         history = json.loads(args.append.read_text())
         others = [json.loads(h.read_text()) for h in args.soup_with]
-        soup_seconds = sum(max(p["train_seconds"] for p in h) for h in others)
+        soup_seconds = sum(trained_seconds(h) for h in others)
         if others:
             tokens = sum(max(p["tokens_seen"] for p in h) for h in others)
             print(f"the soup's {len(others)} other runs: {soup_seconds / 60:.0f} minutes of training, "

@@ -49,12 +49,13 @@ def soup(drafters: list[DSparkDrafter], target, weights: list[float]) -> DSparkD
         if name not in ROW_TENSORS:
             out[name] = sum(w * state[name].to(t0.device) for (state, _), w in zip(states, weights)) / sum(weights)
             continue
+        per_row = (-1,) + (1,) * (t0.dim() - 1)  # a [D] weight broadcast over each row
         total, mass = torch.zeros_like(t0), torch.zeros(t0.shape[0])  # [D, ...], [D]: per draft row
         for (state, had), w in zip(states, weights):
             keep = torch.ones_like(mass) if had is None else had.to(mass.dtype)  # [D]: did this drafter have the row
-            total += w * keep.view(-1, *([1] * (t0.dim() - 1))) * state[name].to(t0.device)
+            total += w * keep.view(per_row) * state[name].to(t0.device)
             mass += w * keep
-        out[name] = total / mass.view(-1, *([1] * (t0.dim() - 1)))
+        out[name] = total / mass.view(per_row)
     first.load_state_dict(out)
     return first
 
