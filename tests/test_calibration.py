@@ -46,6 +46,9 @@ def test_calibration_samples_come_from_the_decoding_loop_and_round_trip(tmp_path
     # one sample per (row, drafted step); the last steps, with one token left to emit, draft nothing
     assert 0 < res["conf_logits"].shape[0] == res["num_accepted"].shape[0] <= res["steps"]
     assert 1.0 <= res["tau"] <= drafter.config.block_size + 1
+    # per prompt (batch size 1): the counts a paired comparison resamples add up to the pooled tau
+    assert len(res["steps_per_call"]) == len(res["tokens_per_call"]) == 2 and sum(res["steps_per_call"]) == res["steps"]
+    assert abs(sum(res["tokens_per_call"]) / res["steps"] - res["tau"]) < 1e-12
     cal = fit_sts(res["conf_logits"], res["num_accepted"], res["num_verified"])
     (tmp_path / "calibration.json").write_text(json.dumps(cal))
     assert load_calibration(tmp_path / "calibration.json", drafter.config.block_size)["temperatures"] == cal["temperatures"]

@@ -1055,3 +1055,39 @@ def test_freed_heap_pages_go_back_to_the_os_after_a_step():
     before = anonymous_memory_mb()
     release_freed_memory()
     assert before - anonymous_memory_mb() > 150
+
+
+def _tau_result(drafter: str, steps: list[int], tokens: list[int], **settings) -> dict:
+    """An eval-tau JSON of one set, as the CLI writes it."""
+    return {"gsm8k": {"tau": sum(tokens) / sum(steps), "steps": sum(steps), "num_prompts": len(steps),
+                      "steps_per_call": steps, "tokens_per_call": tokens},
+            "settings": {"drafter": drafter, "adapter": None, "max_new_tokens": 128, "draft_tree_size": None} | settings}
+
+
+def test_compare_tau_resamples_prompts_in_pairs():
+    mod = _script("compare_tau")
+    steps = [40, 50, 45, 60, 38, 52, 47, 41]
+    base = _tau_result("a", steps, [100, 120, 110, 150, 95, 130, 118, 100])
+    (row,) = mod.compare(base, _tau_result("b", steps, base["gsm8k"]["tokens_per_call"]), resamples=500)
+    assert row["difference"] == 0 and row["interval"] == [0, 0] and row["p_ahead"] == 0
+    # one more token on every prompt: ahead in every resample, and the interval holds the difference
+    (row,) = mod.compare(base, _tau_result("b", steps, [t + 1 for t in base["gsm8k"]["tokens_per_call"]]), resamples=500)
+    assert row["difference"] == pytest.approx(8 / sum(steps)) and row["p_ahead"] == 1.0
+    assert row["interval"][0] <= row["difference"] <= row["interval"][1]
+    # one much better prompt among worse ones: ahead on the pooled tau, but the interval straddles zero
+    mixed = [t - 2 for t in base["gsm8k"]["tokens_per_call"]]
+    mixed[3] += 30
+    (row,) = mod.compare(base, _tau_result("b", steps, mixed), resamples=2000)
+    assert row["difference"] > 0 and row["interval"][0] < 0 < row["interval"][1] and 0 < row["p_ahead"] < 1
+
+
+def test_compare_tau_refuses_what_it_cannot_pair(tmp_path):
+    mod = _script("compare_tau")
+    base = _tau_result("a", [10, 12], [30, 31])
+    with pytest.raises(SystemExit, match=r"different settings \(draft_tree_size\)"):
+        mod.compare(base, _tau_result("b", [10, 12], [30, 31], draft_tree_size=15))
+    with pytest.raises(SystemExit, match="2 against 3 prompts"):
+        mod.compare(base, _tau_result("b", [10, 12, 9], [30, 31, 20]))
+    (tmp_path / "old.json").write_text(json.dumps({"gsm8k": {"tau": 2.5, "steps": 10}, "settings": {}}))
+    with pytest.raises(SystemExit, match="no per-prompt counts"):
+        mod.load_result(str(tmp_path / "old.json"))

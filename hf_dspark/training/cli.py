@@ -517,11 +517,12 @@ def _eval_tau(args) -> int:
         res = measure(drafter, model, tok, prompts, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       markov=not args.no_markov, draft_tree_size=args.draft_tree_size, temperature=args.temperature,
                       seed=args.seed, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens)
-        results[name] = {k: res[k] for k in ("tau", "per_position_acceptance", "steps", "num_prompts")}
+        keys = ("tau", "per_position_acceptance", "steps", "num_prompts", "steps_per_call", "tokens_per_call")
+        results[name] = {k: res[k] for k in keys}
         print(f"[eval-tau] {name}: tau {res['tau']:.3f} over {res['steps']} steps; per position "
               + " ".join("-" if x is None else f"{x:.2f}" for x in res["per_position_acceptance"]))
     results["settings"] = {"drafter": args.drafter, "adapter": args.adapter, "dtype": args.dtype, "greedy": args.temperature == 0,
-                           "temperature": args.temperature, "seed": args.seed,
+                           "temperature": args.temperature, "seed": args.seed, "batch_size": args.batch_size,
                            "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
                            "markov": not args.no_markov, "draft_tree_size": args.draft_tree_size,
                            "prompt_lookup_num_tokens": args.prompt_lookup_num_tokens}

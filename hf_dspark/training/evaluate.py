@@ -67,7 +67,9 @@ def measure(
 ) -> dict:
     """DSpark decoding over `prompts` (a chain of drafts, or a tree of `draft_tree_size`; with a prompt-lookup
     branch of `prompt_lookup_num_tokens`), greedy, or sampled at `temperature` > 0 (seeded, with the target's
-    generation config otherwise); returns tau, per-position acceptance and calibration samples (none for a tree)."""
+    generation config otherwise); returns tau, per-position acceptance, the steps and committed tokens of each
+    `generate()` call (each prompt's at `batch_size` 1, for paired comparisons) and calibration samples (none for a
+    tree)."""
     import hf_dspark
 
     if temperature < 0:
@@ -76,6 +78,7 @@ def measure(
     torch.manual_seed(seed)
 
     accepted, verified_lens = [], []
+    steps_per_call, tokens_per_call = [], []  # one entry per generate() call: per prompt at batch_size 1
     conf, num_acc, num_ver = [], [], []
     for i in range(0, len(prompts), batch_size):
         enc = chat_inputs(tokenizer, prompts[i : i + batch_size])
@@ -94,6 +97,8 @@ def measure(
         st = base.last_stats
         accepted += st.accepted_lengths
         verified_lens += st.verified_lengths
+        steps_per_call.append(len(st.accepted_lengths))
+        tokens_per_call.append(sum(st.accepted_lengths))
         for c, a, v in zip(st.conf_logits, st.num_accepted, st.num_verified):
             if c is not None:
                 conf.append(c.float().cpu())
@@ -110,6 +115,8 @@ def measure(
         "per_position_acceptance": per_pos,
         "steps": len(accepted),
         "num_prompts": len(prompts),
+        "steps_per_call": steps_per_call,
+        "tokens_per_call": tokens_per_call,
         "conf_logits": torch.cat(conf) if conf else torch.zeros(0, b),
         "num_accepted": torch.cat(num_acc) if num_acc else torch.zeros(0, dtype=torch.long),
         "num_verified": torch.cat(num_ver) if num_ver else torch.zeros(0, dtype=torch.long),
