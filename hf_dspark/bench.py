@@ -44,8 +44,8 @@ from tqdm.auto import tqdm
 from . import cpu_load
 
 CONTENDERS = (
-    "plain", "prompt_lookup", "hf_dflash", "dflash", "dspark", "dspark_adaptive", "dspark_tree", "dspark_tree_lookup",
-    "dspark_hf_loop", "dspark_default",
+    "plain", "prompt_lookup", "hf_dflash", "dflash", "dspark", "dspark_no_copy", "dspark_adaptive", "dspark_tree",
+    "dspark_tree_lookup", "dspark_hf_loop", "dspark_default",
 )
 TREE_SIZE = 7  # the dspark_tree contenders' draft_tree_size (--tree-size)
 LOOKUP_TOKENS = 7  # the dspark_tree_lookup contender's prompt_lookup_num_tokens (--lookup-tokens): its branch's cap
@@ -194,6 +194,9 @@ class Bench:
             return lambda enc: m.generate(**enc, **kw, assistant_model=d, markov=False, adaptive_verification=False)
         if contender == "dspark":
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, adaptive_verification=False)
+        if contender == "dspark_no_copy":  # the drafter's own picks at every slot (no copy drafting)
+            return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, adaptive_verification=False,
+                                          copy_ngram=0)
         if contender == "dspark_adaptive":
             policy = self.adaptive_policy()
             return lambda enc: m.generate(**enc, **kw, assistant_model=self.drafter, verify_policy=policy)

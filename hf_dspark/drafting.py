@@ -43,6 +43,7 @@ def draft_block(
     prefix: Callable[[int, torch.Tensor], torch.Tensor] | None = None,  # (row, drafts so far [k]) -> input_ids prefix
     markov: bool = True,
     depth: int | None = None,  # draft only drafts 0..depth-1 (default: all block_size of them)
+    copy: Callable[[int, torch.Tensor], int | None] | None = None,  # (row, drafts so far [k]) -> a token to draft instead
 ) -> Draft:
     cfg = drafter.config
     depth = cfg.block_size if depth is None else depth
@@ -51,8 +52,8 @@ def draft_block(
     conf = drafter.confidence_head
     conf_reads_w1 = conf is not None and conf.proj.in_features > cfg.hidden_size
     fused = processing.temperature_only and (head.head_type == "vanilla" if head is not None else not conf_reads_w1)
-    if not fused:
-        return _sequential(drafter, base, hidden, anchor, processing, prefix, markov, state)
+    if not fused or copy is not None:
+        return _sequential(drafter, base, hidden, anchor, processing, prefix, markov, state, copy)
 
     # vanilla head (or none) and at most a temperature: the fused sampler (Triton on CUDA, torch elsewhere), in the
     # draft vocabulary (tokens come back as target ids, q over the D draft ids)
@@ -120,15 +121,17 @@ def _backbone(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, markov: bool, dept
     return hidden, base, state
 
 
-def _sequential(drafter, base, hidden, anchor, processing, prefix, markov, state=None) -> Draft:
+def _sequential(drafter, base, hidden, anchor, processing, prefix, markov, state=None, copy=None) -> Draft:
     """General path: any Markov head type and any logits processors (per-row prefixes); `state` [N, r]: the rnn head's
-    state before the first draft (None: zeros)."""
+    state before the first draft (None: zeros). `copy(row, drafts so far)` names a token to draft instead of the
+    drafter's pick (copy drafting): it is drafted with q one-hot on it, so verification stays exact when sampling."""
     n, b, _ = base.shape
     prev = anchor
     tokens, qs, confs = [], [], []
     # processors that read only scores (temperature, top-k/p, ...) treat the -inf outside a reduced draft vocabulary
-    # as absent, so they run over its D columns (as in grow_tree); those that read the prefix get the target's V
-    draft_ids = None if processing.reads_prefix else drafter.draft_target_ids()  # [D] target ids, or None
+    # as absent, so they run over its D columns (as in grow_tree); those that read the prefix get the target's V, and
+    # so do copied tokens, which may lie outside the draft vocabulary
+    draft_ids = None if processing.reads_prefix or copy is not None else drafter.draft_target_ids()  # [D] or None
     for k in range(b):
         logits = base[:, k]
         if markov:
@@ -141,14 +144,15 @@ def _sequential(drafter, base, hidden, anchor, processing, prefix, markov, state
         drafted = torch.stack(tokens, dim=1) if tokens else anchor.new_zeros((n, 0))
         row_prefix = (lambda i, d=drafted: prefix(i, d[i])) if prefix is not None else None
         scores = processing(logits, row_prefix)  # [N, D or V]
-        if processing.do_sample:
-            q = torch.softmax(scores, dim=-1)
-            x = sample_rows(q)  # torch.multinomial's draw with cheaper noise (kernels/sampling.py)
-            qs.append(q if draft_ids is None else drafter.to_target_vocab(q, fill=0.0))  # [N, V]
-        else:
-            x = first_argmax(scores)
+        q = torch.softmax(scores, dim=-1) if processing.do_sample else None
+        x = sample_rows(q) if q is not None else first_argmax(scores)  # sample_rows: multinomial with cheaper noise
         if draft_ids is not None:
             x = draft_ids[x]  # draft id -> target id
+            q = drafter.to_target_vocab(q, fill=0.0) if q is not None else None  # [N, V]
+        if copy is not None:
+            x, q = _copy_drafts(copy, drafted, x, q)
+        if q is not None:
+            qs.append(q)
         tokens.append(x)
         prev = x
     return Draft(
@@ -156,3 +160,17 @@ def _sequential(drafter, base, hidden, anchor, processing, prefix, markov, state
         torch.stack(qs, dim=1) if qs else None,
         torch.stack(confs, dim=1) if confs[0] is not None else None,
     )
+
+
+def _copy_drafts(copy, drafted: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None):
+    """Rows whose `copy(row, drafts so far)` names a token draft it instead of x [N]; their q [N, V] (when sampling)
+    becomes one-hot on it, the distribution that token was drawn from."""
+    for i in range(x.shape[0]):
+        token = copy(i, drafted[i])
+        if token is None:
+            continue
+        x[i] = token
+        if q is not None:
+            q[i] = 0.0
+            q[i, token] = 1.0
+    return x, q

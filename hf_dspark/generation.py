@@ -61,7 +61,7 @@ from .kernels import (build_cu_num_draft, build_verify_inputs, exp_noise, first_
 from .modeling import DSparkDrafter
 from .prepack import prepack_like
 from .processing import Processing
-from .prompt_lookup import LookupRates, PromptLookup
+from .prompt_lookup import DEFAULT_COPY_NGRAM, LookupRates, PromptLookup, check_copy_ngram, copied_token
 from .scheduler import AdaptiveVerification, ConfidenceThreshold, FullBlock, VerifyPolicy, prior_survival
 from .step_costs import catch_up_columns
 from .step_table import load_or_profile
@@ -333,6 +333,7 @@ class _Call:
     max_drafts: int | None  # num_speculative_tokens
     tree_size: int | None  # draft_tree_size: verify a tree of this many drafts, None: a chain
     lookup: PromptLookup | None  # prompt_lookup_num_tokens: graft a prompt-lookup branch onto the tree
+    copy_ngram: int  # a chain's copy drafting: the shortest suffix matched (0: off)
     eos: set[int]
     pad_id: int
     criteria: list  # stopping criteria other than EOS and the length (stop strings, the caller's)
@@ -395,6 +396,7 @@ def generate(
     adaptive_verification: bool | None = None,
     verify_policy: VerifyPolicy | None = None,
     draft_tree_size: int | None = None,
+    copy_ngram: int | None = None,
     **model_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """DSpark speculative decoding; use as `model.generate(**enc, custom_generate=hf_dspark.generate, drafter=d)`.
@@ -414,6 +416,13 @@ def generate(
             prompts (block_size drafts without a table), else a chain.
             The generation config's `prompt_lookup_num_tokens` (and `max_matching_ngram_size`) graft a prompt-lookup
             branch onto the tree, or onto the drafter's best chain (`hf_dspark.prompt_lookup`).
+        copy_ngram: copy drafting in a chain: where the last COPY_LONGEST_NGRAM (8) down to `copy_ngram` tokens
+            (committed or just drafted; the longest first) occurred earlier in the prompt or output, the chain drafts
+            the token that followed their latest occurrence instead of the drafter's pick (`hf_dspark.prompt_lookup.copied_token`); 0 turns it off. None: DEFAULT_COPY_NGRAM (3) for chains of
+            a set length (the full block, num_speculative_tokens), off where confidences size the chain (the
+            scheduler, confidence_threshold: the confidence head does not see copies, so its calibration does not
+            cover them) and for trees (which have their prompt-lookup branch). Setting it asks for a chain, as
+            num_speculative_tokens does. Greedy or sampled, the output stays plain decoding's.
         dspark_streamer: a transformers streamer (`streamer=` is consumed by generate() before it reaches here).
         stop_strings, stop_tokenizer: stop strings, cut at the exact stop point inside an accepted block
             (generate() does not hand its tokenizer to a custom_generate callable, hence our own names).
@@ -433,7 +442,7 @@ def generate(
     policy_options.update(adaptive_verification=adaptive_verification)
     call = _start_call(
         model, drafter, input_ids, generation_config, logits_processor, stopping_criteria, stop_strings, stop_tokenizer,
-        dspark_streamer, num_speculative_tokens, markov, policy_options, draft_tree_size, model_kwargs,
+        dspark_streamer, num_speculative_tokens, markov, policy_options, draft_tree_size, copy_ngram, model_kwargs,
     )
     if call.budget > 0:
         rows = _prefill(call, input_ids, attention_mask)
@@ -444,13 +453,14 @@ def generate(
 
 def _start_call(
     model, drafter, input_ids, gen, logits_processor, stopping_criteria, stop_strings, stop_tokenizer, streamer,
-    num_speculative_tokens, markov, policy_options, tree_size, model_kwargs,
+    num_speculative_tokens, markov, policy_options, tree_size, copy_ngram, model_kwargs,
 ) -> _Call:
     """Check the inputs, read the generation config, choose the verify policy; what is left of `model_kwargs` goes
     to every target forward."""
     cache_key = cache_kwarg(model)
     cache = model_kwargs.pop(cache_key, None)
     cache = _check_inputs(model, drafter.config, gen, input_ids, num_speculative_tokens, cache)
+    check_copy_ngram(copy_ngram)
     for name in ("past_key_values", "position_ids", "use_cache", "logits_to_keep"):
         model_kwargs.pop(name, None)
     n_rows, prompt_len = input_ids.shape
@@ -468,13 +478,19 @@ def _start_call(
     policy = None
     if tree_size is None:
         policy = choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, quiet=True, **policy_options)
-        explicit = num_speculative_tokens is not None or any(v is not None for v in policy_options.values())
+        explicit = num_speculative_tokens is not None or copy_ngram is not None
+        explicit = explicit or any(v is not None for v in policy_options.values())
         tree_size = None if explicit else default_tree_size(model, drafter, policy, n_rows)
     lookup = PromptLookup.from_generation_config(gen, default_tokens=tree_size)  # a tree has a branch unless told 0
     if policy is not None and policy.fallback_reason and tree_size is None and lookup is None:  # a tree: no chain
         _log_fallback(policy.fallback_reason)
     if tree_size is not None or lookup is not None:  # every drafting step verifies the whole tree
         check_tree_call(model, drafter, tree_size, policy_options)
+        if copy_ngram:
+            raise ValueError(
+                f"copy_ngram={copy_ngram} copies into a chain of drafts; a tree (draft_tree_size, prompt_lookup_num_tokens) "
+                "has its prompt-lookup branch instead. Drop copy_ngram, or the tree options."
+            )
         policy = FullBlock(num_speculative_tokens)
     policy.reset()
     if streamer is not None and n_rows > 1:
@@ -486,6 +502,7 @@ def _start_call(
         stats=DSparkStats(block_size=drafter.config.block_size, tree_size=tree_size, lookup_tokens=lookup.num_tokens if lookup else None),
         do_sample=bool(gen.do_sample), markov=markov,
         budget=max_length - prompt_len, max_drafts=num_speculative_tokens, tree_size=tree_size, lookup=lookup,
+        copy_ngram=copy_ngram if copy_ngram is not None else 0 if policy.needs_confidence or tree_size else DEFAULT_COPY_NGRAM,
         lookup_rates=LookupRates(n_rows) if lookup else None, eos=eos, pad_id=pad_id, criteria=criteria,
         prompt_rows=list(input_ids), generated=[[] for _ in range(n_rows)], streamer=streamer,
         forward_kwargs={cache_key: cache, **model_kwargs},
@@ -601,7 +618,7 @@ def _draft(call: _Call, rows: _Rows, depth: int, caps: list[int], prefix) -> tup
         if call.verifies_tree:
             draft = _draft_tree(call, args, depth, caps, prefix)
         else:
-            draft = drafting.draft_block(call.drafter, *args)
+            draft = drafting.draft_block(call.drafter, *args, copy=_copy_reader(call, prefix))
         _synchronize(device)  # the policy prices drafting with this wall time
         call.stats.drafted_steps += 1
     else:  # a plain target step: the policy judged that drafting does not pay
@@ -609,6 +626,19 @@ def _draft(call: _Call, rows: _Rows, depth: int, caps: list[int], prefix) -> tup
     seconds = time.perf_counter() - t0
     call.stats.draft_time_s += seconds
     return draft, seconds, catch_up
+
+
+def _copy_reader(call: _Call, prefix):
+    """(running row i, drafts [k]) -> the token copy drafting puts at the next slot (None: the drafter's pick), or
+    None when copy drafting is off."""
+    if not call.copy_ngram:
+        return None
+
+    def copy(i: int, drafts: torch.Tensor) -> int | None:
+        row, seq = prefix(i, drafts)  # [P + G + k]: the prompt (padded), the committed tokens, the drafts
+        return copied_token(seq[call.prompt_starts[row] :], call.copy_ngram)
+
+    return copy
 
 
 def _draft_tree(call: _Call, args: tuple, depth: int, caps: list[int], prefix) -> Draft:

@@ -10,6 +10,12 @@ compete with the drafter's nodes for the tree's N places (priced by the row's ru
 `LookupRates`), so one target forward of the same width verifies both, and the longest path the target agrees with
 wins. Which tokens are proposed and kept depends on committed tokens only, so the output stays plain decoding's,
 greedy or sampled. A chain (no tree) gets a branch of K grafted on when K is set.
+
+Copy drafting (`copy_ngram`, on by default in chains) copies inside the block instead: at each slot, where the last
+tokens (the committed ones and the block's drafts so far) occurred earlier, the slot drafts the token that followed
+their latest occurrence rather than the drafter's pick (`copied_token`), so a name or an identifier the drafter's
+vocabulary lacks, or a phrase it does not foresee, is drafted as soon as the drafts before it reach it. The copied
+token is drawn from a one-hot q, so verification stays exact when sampling.
 """
 
 from __future__ import annotations
@@ -30,6 +36,38 @@ MIN_NGRAM = 2
 # 0.7 or 0.85 a little less; code accepts more of its branches than chat does, bench_results/s42)
 PRIOR_RATE = 0.7
 PRIOR_TOKENS = 4.0
+
+
+# copy drafting (`copy_ngram`): a chain's slot drafts the token that followed the latest earlier occurrence of the
+# longest suffix of COPY_LONGEST_NGRAM down to `copy_ngram` tokens (committed or drafted) instead of the drafter's pick.
+# Replayed on the target's greedy answers to 20 prompts per eval set, 3 and longest-first from 8 drafted more than 2, 3
+# alone, the first occurrence, or a fallback for tokens outside the draft vocabulary (bench_results/s55/README.md)
+DEFAULT_COPY_NGRAM = 3
+COPY_LONGEST_NGRAM = 8
+
+
+def check_copy_ngram(copy_ngram: int | None) -> None:
+    """copy_ngram must be None (the default) or a non-negative int (0: off)."""
+    if copy_ngram is not None and (isinstance(copy_ngram, bool) or not isinstance(copy_ngram, int) or copy_ngram < 0):
+        raise ValueError(f"copy_ngram must be a non-negative int (0: no copy drafting), got {copy_ngram!r}.")
+
+
+def copied_token(seq: torch.Tensor, n: int, longest: int = COPY_LONGEST_NGRAM) -> int | None:
+    """seq [S] (prompt, committed tokens and the block's drafts so far) -> the token that followed the latest earlier
+    occurrence of its longest suffix of `longest` down to `n` tokens, or None when none occurred before."""
+    size = seq.shape[0]
+    if size <= n:
+        return None
+    windows = seq[: size - 1].unfold(0, n, 1)  # [S - n, n]: every n-gram followed by at least one token
+    ends = (windows == seq[size - n :]).all(dim=1).nonzero().flatten() + n  # [M] what followed each match
+    best = ends[-1] if ends.numel() else None
+    for m in range(n + 1, min(longest, size - 1) + 1):  # longer matches: the same ends, one more token before
+        ends = ends[ends >= m]  # room for m tokens before the end
+        ends = ends[seq[ends - m] == seq[size - m]]
+        if not ends.numel():
+            break
+        best = ends[-1]
+    return None if best is None else int(seq[best])
 
 
 @dataclass(frozen=True)

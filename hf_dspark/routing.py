@@ -86,13 +86,15 @@ def _run_transformers_loop(model: PreTrainedModel, args: tuple, kwargs: dict[str
     options this call names."""
     gen = kwargs.get("generation_config") or model.generation_config
     lookup = kwargs.get("prompt_lookup_num_tokens", getattr(gen, "prompt_lookup_num_tokens", None))
-    if kwargs.get("verify_policy") is not None or kwargs.get("adaptive_verification") or kwargs.get("draft_tree_size") is not None or lookup is not None:
+    ours = ("verify_policy", "draft_tree_size", "copy_ngram")
+    if any(kwargs.get(k) is not None for k in ours) or kwargs.get("adaptive_verification") or lookup is not None:
         raise ValueError(
-            "verify_policy, adaptive_verification, draft_tree_size and prompt_lookup_num_tokens run in our loop only: "
+            "verify_policy, adaptive_verification, draft_tree_size, copy_ngram and prompt_lookup_num_tokens run in our "
+            "loop only: "
             "drop dspark_engine='transformers' (transformers' loop takes confidence_threshold, num_speculative_tokens and "
             "markov)."
         )
-    for name in ("verify_policy", "adaptive_verification", "draft_tree_size"):
+    for name in ("verify_policy", "adaptive_verification", "draft_tree_size", "copy_ngram"):
         kwargs.pop(name, None)
     if (kwargs.get("num_beams") or gen.num_beams or 1) > 1:  # transformers would drop the assistant: beam search
         raise ValueError(BEAM_SEARCH_REFUSED)

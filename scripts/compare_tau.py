@@ -33,13 +33,15 @@ def load_result(path: str) -> dict:
     return res
 
 
-def check_comparable(base: dict, cand: dict) -> list[str]:
-    """The sets both results hold, after checking they ran with the same settings and prompts."""
+def check_comparable(base: dict, cand: dict, allowed: tuple[str, ...] = ()) -> list[str]:
+    """The sets both results hold, after checking they ran with the same settings (but `allowed`) and prompts."""
     keys = set(base["settings"]) | set(cand["settings"])
-    differ = sorted(k for k in keys - set(SAME_SETTINGS_EXCEPT) if base["settings"].get(k) != cand["settings"].get(k))
+    same = keys - set(SAME_SETTINGS_EXCEPT) - set(allowed)
+    differ = sorted(k for k in same if base["settings"].get(k) != cand["settings"].get(k))
     if differ:
-        raise SystemExit(f"the two results ran with different settings ({', '.join(differ)}); "
-                         "compare results of the same eval-tau command with another --drafter")
+        raise SystemExit(f"the two results ran with different settings ({', '.join(differ)}); compare results of the "
+                         "same eval-tau command with another --drafter, or name the decoding options you compare "
+                         f"with --allow {','.join(differ)}")
     sets = [k for k in base if k != "settings" and k in cand]
     if not sets:
         raise SystemExit("the two results share no prompt set")
@@ -62,11 +64,11 @@ def tau_difference_samples(base: tuple, cand: tuple, resamples: int, rng: np.ran
     return t1[idx].sum(1) / s1[idx].sum(1) - t0[idx].sum(1) / s0[idx].sum(1)
 
 
-def compare(base: dict, cand: dict, resamples: int = 10_000, seed: int = 0) -> list[dict]:
+def compare(base: dict, cand: dict, resamples: int = 10_000, seed: int = 0, allowed: tuple[str, ...] = ()) -> list[dict]:
     """One row per shared set, then "summed": tau of each, the difference, its 95% interval, P(candidate ahead)."""
     rng = np.random.default_rng(seed)
     rows, total = [], np.zeros(resamples)
-    for name in check_comparable(base, cand):
+    for name in check_comparable(base, cand, allowed):
         b, c = counts(base, name), counts(cand, name)
         diffs = tau_difference_samples(b, c, resamples, rng)
         total += diffs
@@ -89,10 +91,13 @@ def main() -> None:
     p.add_argument("candidate", help="eval-tau JSON of the candidate, same command with another --drafter")
     p.add_argument("--resamples", type=int, default=10_000, help="bootstrap draws of the prompts (default 10000)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--allow", default="", metavar="SETTING[,SETTING]",
+                   help="settings that may differ, to compare decoding options on the same drafter (e.g. copy_ngram)")
     args = p.parse_args()
     if args.resamples < 100:
         p.error(f"--resamples must be >= 100 for a 95% interval, got {args.resamples}")
-    rows = compare(load_result(args.base), load_result(args.candidate), args.resamples, args.seed)
+    allowed = tuple(k for k in args.allow.split(",") if k)
+    rows = compare(load_result(args.base), load_result(args.candidate), args.resamples, args.seed, allowed)
     print(f"{'set':10s} {'base':>7s} {'cand':>7s} {'cand-base':>10s}   95% interval        P(cand ahead)")
     for r in rows:
         lo, hi = r["interval"]

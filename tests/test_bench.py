@@ -12,7 +12,7 @@ from hf_dspark.cli import build_parser, main
 def test_contenders_and_batch_sizes_are_checked():
     assert bench.parse_contenders("dspark,plain") == ["plain", "dspark"]  # plain always runs first
     assert bench.parse_contenders("dspark") == ["plain", "dspark"]
-    with pytest.raises(ValueError, match="choose from plain, prompt_lookup, hf_dflash, dflash, dspark, dspark_adaptive, dspark_tree, dspark_tree_lookup, dspark_hf_loop, dspark_default"):
+    with pytest.raises(ValueError, match="choose from plain, prompt_lookup, hf_dflash, dflash, dspark, dspark_no_copy, dspark_adaptive, dspark_tree, dspark_tree_lookup, dspark_hf_loop, dspark_default"):
         bench.parse_contenders("dspark,medusa")
     assert bench.parse_batch_sizes("1,4,16") == [1, 4, 16]
     for bad in ("0", "1,-4", "one", ""):

@@ -16,6 +16,7 @@ from transformers import pipeline
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
 import hf_dspark
+import hf_dspark.drafting as drafting
 import hf_dspark.generation as G
 from hf_dspark.attention import SDPA_FORCE_GQA
 from hf_dspark.scheduler import AdaptiveVerification, ConfidenceThreshold, FixedLength, FullBlock, VerifyPolicy
@@ -423,7 +424,7 @@ def mid_depth_policy() -> AdaptiveVerification:
     return AdaptiveVerification(TABLE, costs=costs, static_batch=False, remeasure_margin=0)
 
 
-@pytest.mark.parametrize("policy", ["full", "threshold", "adaptive", "adaptive_skip", "adaptive_mid_depth", "tree", "lookup", "tree_lookup"])
+@pytest.mark.parametrize("policy", ["full", "threshold", "adaptive", "adaptive_skip", "adaptive_mid_depth", "tree", "lookup", "tree_lookup", "copy"])
 def test_sampling_matches_target_distribution(small_vocab, policy):
     target, drafter, prompt, probs = small_vocab
     kw = {}
@@ -441,6 +442,8 @@ def test_sampling_matches_target_distribution(small_vocab, policy):
         kw["prompt_lookup_num_tokens"] = 3
     elif policy == "tree_lookup":  # a tree of 9 nodes, a branch of up to 9 among them
         kw.update(draft_tree_size=9, prompt_lookup_num_tokens=9)
+    elif policy == "copy":  # copy drafting on one-token matches: in 6 tokens most slots copy
+        kw["copy_ngram"] = 1
     counts = sample_counts(target, prompt, assistant_model=drafter, **kw)
     assert _sampling.chi_square_pvalue(counts, probs) > 1e-3
     stats = drafter.last_stats
@@ -477,6 +480,20 @@ def test_sampling_test_catches_a_wrong_tree_walk(small_vocab, monkeypatch):
 
     monkeypatch.setattr(G, "accept_tree", follow_first_child)
     counts = sample_counts(target, prompt, assistant_model=drafter, draft_tree_size=9)
+    assert _sampling.chi_square_pvalue(counts, probs) < 1e-6
+
+
+def test_sampling_test_catches_copies_drafted_with_the_drafters_q(small_vocab, monkeypatch):
+    """A copied token verified against the drafter's distribution instead of the one-hot it was drawn from."""
+    target, drafter, prompt, probs = small_vocab
+
+    def copy_keeping_q(copy, drafted, x, q):
+        x, _ = real(copy, drafted, x, None)
+        return x, q
+
+    real = drafting._copy_drafts
+    monkeypatch.setattr(drafting, "_copy_drafts", copy_keeping_q)
+    counts = sample_counts(target, prompt, assistant_model=drafter, copy_ngram=1)
     assert _sampling.chi_square_pvalue(counts, probs) < 1e-6
 
 

@@ -12,8 +12,8 @@ import torch
 from transformers import GenerationConfig
 
 from hf_dspark.draft_tree import NO_NODE, DraftTree, accept_tree, graft_branch
-from hf_dspark.prompt_lookup import PromptLookup
-from hf_dspark.testing import oracle_tree_drafts, ragged_batch
+from hf_dspark.prompt_lookup import PromptLookup, copied_token
+from hf_dspark.testing import oracle_drafts, oracle_tree_drafts, ragged_batch
 
 
 def test_lookup_proposes_what_followed_the_first_match_of_the_longest_suffix():
@@ -25,6 +25,47 @@ def test_lookup_proposes_what_followed_the_first_match_of_the_longest_suffix():
     assert lookup.propose(torch.tensor([4, 8, 5, 8]), limit=5).numel() == 0  # no fallback to one token (MIN_NGRAM)
     assert lookup.propose(torch.tensor([1, 2, 3]), limit=5).numel() == 0  # no earlier occurrence
     assert lookup.propose(torch.tensor([3]), limit=5).numel() == 0
+
+
+def test_copy_takes_what_followed_the_latest_earlier_match_of_the_last_n_tokens():
+    seq = torch.tensor([7, 1, 2, 9, 4, 1, 2, 5, 6, 1, 2])
+    assert copied_token(seq, 2) == 5  # "1 2" at 1..2 (then 9) and at 5..6 (then 5): the latest
+    assert copied_token(seq, 3) is None  # "6 1 2" did not occur before
+    seq = torch.tensor([8, 1, 2, 3, 9, 0, 2, 3, 7, 1, 2, 3])
+    assert copied_token(seq, 2, longest=2) == 7  # the latest "2 3"
+    assert copied_token(seq, 2) == 9  # the longest match first: "1 2 3" at 1..3
+    assert copied_token(torch.tensor([3, 3, 3]), 2) == 3  # overlapping matches count
+    assert copied_token(torch.tensor([1, 2]), 2) is None  # nothing before the suffix
+    assert copied_token(torch.tensor([5]), 1) is None
+
+
+@pytest.mark.parametrize("copy_ngram", [1, 3])
+def test_greedy_identical_with_copy_drafting(tiny_target, tiny_drafter, copy_ngram):
+    enc = ragged_batch(256)
+    ref = tiny_target.generate(**enc, max_new_tokens=40, do_sample=False, eos_token_id=None)
+    common = dict(max_new_tokens=40, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter)
+    assert torch.equal(tiny_target.generate(**enc, **common, copy_ngram=copy_ngram), ref)
+    copying = tiny_drafter.last_stats.mean_accepted_length
+    assert torch.equal(tiny_target.generate(**enc, **common, copy_ngram=0), ref)
+    assert copying > tiny_drafter.last_stats.mean_accepted_length + 0.3  # the tiny target repeats itself
+    with oracle_drafts(ref):  # drafts edited after copying into long right runs with a wrong token now and then
+        assert torch.equal(tiny_target.generate(**enc, **common, copy_ngram=copy_ngram), ref)
+
+
+def test_copy_drafting_is_on_for_chains_of_a_set_length_only(tiny_target, tiny_drafter, monkeypatch):
+    """The full block copies by default; chains sized from calibrated confidences and trees do not, unless told."""
+    import hf_dspark.generation as G
+
+    calls = []
+    monkeypatch.setattr(G, "copied_token", lambda seq, n: calls.append(n))
+    enc = ragged_batch(256, lengths=(6, 9))
+    for options, copies in ((dict(adaptive_verification=False), True), (dict(num_speculative_tokens=3), True),
+                            (dict(confidence_threshold=0.5), False), (dict(draft_tree_size=4), False),
+                            (dict(confidence_threshold=0.5, copy_ngram=2), True)):
+        calls.clear()
+        tiny_target.generate(**enc, max_new_tokens=8, do_sample=False, assistant_model=tiny_drafter, **options)
+        assert bool(calls) == copies, options
+        assert set(calls) <= {options.get("copy_ngram", 3)}
 
 
 def test_lookup_settings_come_from_the_generation_config_and_bad_ones_are_refused():
@@ -105,6 +146,10 @@ def test_lookup_branch_longer_than_the_block_stops_exactly_at_max_new_tokens(tin
         (dict(prompt_lookup_num_tokens=-1), "non-negative int"),
         (dict(prompt_lookup_num_tokens=4, adaptive_verification=True), "adaptive_verification"),
         (dict(prompt_lookup_num_tokens=4, dspark_engine="transformers"), "our loop only"),
+        (dict(copy_ngram=-1), "non-negative int"),
+        (dict(copy_ngram=True), "non-negative int"),
+        (dict(copy_ngram=2, draft_tree_size=4), "prompt-lookup branch instead"),
+        (dict(copy_ngram=2, dspark_engine="transformers"), "our loop only"),
     ],
 )
 def test_lookup_settings_that_cannot_be_honoured_are_refused(tiny_target, tiny_drafter, kwargs, message):

@@ -1086,6 +1086,8 @@ def test_compare_tau_refuses_what_it_cannot_pair(tmp_path):
     base = _tau_result("a", [10, 12], [30, 31])
     with pytest.raises(SystemExit, match=r"different settings \(draft_tree_size\)"):
         mod.compare(base, _tau_result("b", [10, 12], [30, 31], draft_tree_size=15))
+    rows = mod.compare(base, _tau_result("a", [10, 12], [30, 31], draft_tree_size=15), allowed=("draft_tree_size",))
+    assert rows[0]["difference"] == 0.0  # decoding options compared on one drafter, when named
     with pytest.raises(SystemExit, match="2 against 3 prompts"):
         mod.compare(base, _tau_result("b", [10, 12, 9], [30, 31, 20]))
     (tmp_path / "old.json").write_text(json.dumps({"gsm8k": {"tau": 2.5, "steps": 10}, "settings": {}}))

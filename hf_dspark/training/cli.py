@@ -491,7 +491,8 @@ def _calibrate(args) -> int:
         from .data import read_prompts
 
         prompts = read_prompts(args.prompts)[: args.num_prompts]
-    res = measure(drafter, model, tok, prompts, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    # no copy drafting: the policies that read calibrated confidences draft without copies (generate()'s copy_ngram)
+    res = measure(drafter, model, tok, prompts, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, copy_ngram=0)
     cal = fit_sts(res["conf_logits"], res["num_accepted"], res["num_verified"])
     cal["source"] = {"prompts": args.prompts, "num_prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                      "tau": res["tau"], "dtype": args.dtype}
@@ -516,7 +517,7 @@ def _eval_tau(args) -> int:
         prompts = heldout_prompts(args.num_prompts) if name == "heldout" else eval_set(name, args.num_prompts)
         res = measure(drafter, model, tok, prompts, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                       markov=not args.no_markov, draft_tree_size=args.draft_tree_size, temperature=args.temperature,
-                      seed=args.seed, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens)
+                      seed=args.seed, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens, copy_ngram=args.copy_ngram)
         keys = ("tau", "per_position_acceptance", "steps", "num_prompts", "steps_per_call", "tokens_per_call")
         results[name] = {k: res[k] for k in keys}
         print(f"[eval-tau] {name}: tau {res['tau']:.3f} over {res['steps']} steps; per position "
@@ -525,7 +526,7 @@ def _eval_tau(args) -> int:
                            "temperature": args.temperature, "seed": args.seed, "batch_size": args.batch_size,
                            "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
                            "markov": not args.no_markov, "draft_tree_size": args.draft_tree_size,
-                           "prompt_lookup_num_tokens": args.prompt_lookup_num_tokens}
+                           "prompt_lookup_num_tokens": args.prompt_lookup_num_tokens, "copy_ngram": args.copy_ngram}
     if args.out:
         write_json_atomic(args.out, results)
     print(json.dumps(results, indent=1))
@@ -573,6 +574,9 @@ def _add_eval_tau(sub) -> None:
     p.add_argument("--prompt-lookup-num-tokens", type=int, default=None, metavar="K",
                    help="transformers' prompt_lookup_num_tokens: cap a tree's prompt-lookup branch at K tokens (0: no "
                         "branch, the drafter's nodes alone); without --draft-tree-size, graft a branch of K onto the chain")
+    p.add_argument("--copy-ngram", type=int, default=None, metavar="N",
+                   help="copy drafting in a chain: where the last N tokens occurred earlier in the prompt or output, "
+                        "draft the token that followed them (0: the drafter's picks alone; default: generate()'s, 3)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 (default): greedy; > 0: sample at this temperature (seeded by --seed; the target's "
                         "generation config sets the rest, e.g. top_k)")

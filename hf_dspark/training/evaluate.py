@@ -64,10 +64,11 @@ def measure(
     temperature: float = 0.0,
     seed: int = 0,
     prompt_lookup_num_tokens: int | None = None,
+    copy_ngram: int | None = None,
 ) -> dict:
     """DSpark decoding over `prompts` (a chain of drafts, or a tree of `draft_tree_size`; with a prompt-lookup
     branch of `prompt_lookup_num_tokens`), greedy, or sampled at `temperature` > 0 (seeded, with the target's
-    generation config otherwise); returns tau, per-position acceptance, the steps and committed tokens of each
+    generation config otherwise); a chain copies with `copy_ngram` (None: generate()'s default); returns tau, per-position acceptance, the steps and committed tokens of each
     `generate()` call (each prompt's at `batch_size` 1, for paired comparisons) and calibration samples (none for a
     tree)."""
     import hf_dspark
@@ -92,6 +93,7 @@ def measure(
             markov=markov,
             draft_tree_size=draft_tree_size,
             prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+            copy_ngram=copy_ngram,
         )
         base = drafter if isinstance(drafter, DSparkDrafter) else drafter.base_model.model
         st = base.last_stats
