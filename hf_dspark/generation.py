@@ -418,7 +418,8 @@ def generate(
             branch onto the tree, or onto the drafter's best chain (`hf_dspark.prompt_lookup`).
         copy_ngram: copy drafting in a chain: where the last COPY_LONGEST_NGRAM (8) down to `copy_ngram` tokens
             (committed or just drafted; the longest first) occurred earlier in the prompt or output, the chain drafts
-            the token that followed their latest occurrence instead of the drafter's pick (`hf_dspark.prompt_lookup.copied_token`); 0 turns it off. None: DEFAULT_COPY_NGRAM (3) for chains of
+            the token that followed their latest occurrence instead of the drafter's pick
+            (`hf_dspark.prompt_lookup.copied_token`); 0 turns it off. None: DEFAULT_COPY_NGRAM (3) for chains of
             a set length (the full block, num_speculative_tokens), off where confidences size the chain (the
             scheduler, confidence_threshold: the confidence head does not see copies, so its calibration does not
             cover them) and for trees (which have their prompt-lookup branch). Setting it asks for a chain, as
@@ -502,7 +503,7 @@ def _start_call(
         stats=DSparkStats(block_size=drafter.config.block_size, tree_size=tree_size, lookup_tokens=lookup.num_tokens if lookup else None),
         do_sample=bool(gen.do_sample), markov=markov,
         budget=max_length - prompt_len, max_drafts=num_speculative_tokens, tree_size=tree_size, lookup=lookup,
-        copy_ngram=copy_ngram if copy_ngram is not None else 0 if policy.needs_confidence or tree_size else DEFAULT_COPY_NGRAM,
+        copy_ngram=_copy_ngram(copy_ngram, policy, tree_size),
         lookup_rates=LookupRates(n_rows) if lookup else None, eos=eos, pad_id=pad_id, criteria=criteria,
         prompt_rows=list(input_ids), generated=[[] for _ in range(n_rows)], streamer=streamer,
         forward_kwargs={cache_key: cache, **model_kwargs},
@@ -626,6 +627,14 @@ def _draft(call: _Call, rows: _Rows, depth: int, caps: list[int], prefix) -> tup
     seconds = time.perf_counter() - t0
     call.stats.draft_time_s += seconds
     return draft, seconds, catch_up
+
+
+def _copy_ngram(copy_ngram: int | None, policy: VerifyPolicy, tree_size: int | None) -> int:
+    """The call's copy drafting (0: off): as asked, else on for chains of a set length only (a policy that reads
+    calibrated confidences sizes chains from a head that does not see copies; a tree has its lookup branch)."""
+    if copy_ngram is not None:
+        return copy_ngram
+    return 0 if policy.needs_confidence or tree_size is not None else DEFAULT_COPY_NGRAM
 
 
 def _copy_reader(call: _Call, prefix):

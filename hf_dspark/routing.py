@@ -90,9 +90,8 @@ def _run_transformers_loop(model: PreTrainedModel, args: tuple, kwargs: dict[str
     if any(kwargs.get(k) is not None for k in ours) or kwargs.get("adaptive_verification") or lookup is not None:
         raise ValueError(
             "verify_policy, adaptive_verification, draft_tree_size, copy_ngram and prompt_lookup_num_tokens run in our "
-            "loop only: "
-            "drop dspark_engine='transformers' (transformers' loop takes confidence_threshold, num_speculative_tokens and "
-            "markov)."
+            "loop only: drop dspark_engine='transformers' (transformers' loop takes confidence_threshold, "
+            "num_speculative_tokens and markov)."
         )
     for name in ("verify_policy", "adaptive_verification", "draft_tree_size", "copy_ngram"):
         kwargs.pop(name, None)
