@@ -77,7 +77,7 @@ def main() -> int:
         how = "sized from the step table" if isinstance(default, AdaptiveVerification) else "no step table: the block's"
         print(f"   the tree: {tree} drafts (draft_tree_size={tree}, {how}; what generate() verifies for one prompt by "
               "default), the drafter's most likely ones, grown from its one backbone pass through the Markov head, and "
-              "a prompt-lookup branch (the tokens that followed the last two earlier in the text) competing with them "
+              "a prompt-lookup branch (the tokens that follow the latest earlier occurrence of the last few) competing with them "
               "for the places, verified in one forward; tau counts its accepted path")
     print("   acceptance per draft position k: P(draft k accepted | drafts before it accepted), over the steps that "
           "verified it; '-': no step verified a draft there\n")

@@ -43,7 +43,7 @@ def draft_block(
     prefix: Callable[[int, torch.Tensor], torch.Tensor] | None = None,  # (row, drafts so far [k]) -> input_ids prefix
     markov: bool = True,
     depth: int | None = None,  # draft only drafts 0..depth-1 (default: all block_size of them)
-    copy: Callable[[int, torch.Tensor], int | None] | None = None,  # (row, drafts so far [k]) -> a token to draft instead
+    copy: Callable[[int, list[int]], int | None] | None = None,  # (row, drafts so far) -> a token to draft instead
 ) -> Draft:
     cfg = drafter.config
     depth = cfg.block_size if depth is None else depth
@@ -90,11 +90,14 @@ def draft_tree(
     depth: int,  # levels of the tree (draft positions 0..depth-1)
     size: int,  # nodes to verify
     top_k: int = TREE_TOP_K,  # children per expanded node (1: the drafter's best chain, as a tree)
+    copy: Callable[[int, list[int]], int | None] | None = None,  # (row, path of k tokens) -> a token to propose after it
+    copy_logprob: float = 0.0,  # the log-probability a copied child adds to its parent's path score
 ) -> Draft:
     """One backbone pass, then a best-first tree of `size` drafts over the first `depth` positions (see
     `hf_dspark.draft_tree`)."""
     hidden, base, state = _backbone(drafter, anchor, anchor_pos, ctx_kv, ctx_valid, markov, depth)
-    tree = grow_tree(drafter, base, hidden, anchor, processing, prefix, markov, size, state, top_k=top_k)
+    tree = grow_tree(drafter, base, hidden, anchor, processing, prefix, markov, size, state, top_k=top_k, copy=copy,
+                     copy_logprob=copy_logprob)
     return Draft(tokens=tree.tokens, q=None, conf_logits=None, tree=tree)
 
 
@@ -165,8 +168,8 @@ def _sequential(drafter, base, hidden, anchor, processing, prefix, markov, state
 def _copy_drafts(copy, drafted: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None):
     """Rows whose `copy(row, drafts so far)` names a token draft it instead of x [N]; their q [N, V] (when sampling)
     becomes one-hot on it, the distribution that token was drawn from."""
-    for i in range(x.shape[0]):
-        token = copy(i, drafted[i])
+    for i, row in enumerate(drafted.tolist()):
+        token = copy(i, row)
         if token is None:
             continue
         x[i] = token

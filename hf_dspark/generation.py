@@ -34,6 +34,7 @@ through `hf_dspark.candidate_generator.DSparkCandidateGenerator`.
 
 from __future__ import annotations
 
+import math
 import inspect
 import time
 from dataclasses import dataclass, field
@@ -61,7 +62,7 @@ from .kernels import (build_cu_num_draft, build_verify_inputs, exp_noise, first_
 from .modeling import DSparkDrafter
 from .prepack import prepack_like
 from .processing import Processing
-from .prompt_lookup import DEFAULT_COPY_NGRAM, LookupRates, PromptLookup, check_copy_ngram, copied_token
+from .prompt_lookup import DEFAULT_COPY_NGRAM, TREE_COPY_RATE, CopyIndex, LookupRates, PromptLookup, check_copy_ngram
 from .scheduler import AdaptiveVerification, ConfidenceThreshold, FullBlock, VerifyPolicy, prior_survival
 from .step_costs import catch_up_columns
 from .step_table import load_or_profile
@@ -344,6 +345,7 @@ class _Call:
     keeps_logits: bool  # the target's forward takes logits_to_keep
     prompt_starts: list[int] | None = None  # per row its first prompt position after the left padding (prompt lookup)
     lookup_rates: LookupRates | None = None  # per row how often the target took the lookup branch's tokens
+    copy_indexes: list[CopyIndex] | None = None  # per row the n-grams of its prompt and output (copy drafting, lookup)
     kept: _KeptOutputs | None = None  # output_scores / output_logits, when return_dict_in_generate asks for them
 
     @property
@@ -416,14 +418,14 @@ def generate(
             prompts (block_size drafts without a table), else a chain.
             The generation config's `prompt_lookup_num_tokens` (and `max_matching_ngram_size`) graft a prompt-lookup
             branch onto the tree, or onto the drafter's best chain (`hf_dspark.prompt_lookup`).
-        copy_ngram: copy drafting in a chain: where the last COPY_LONGEST_NGRAM (8) down to `copy_ngram` tokens
-            (committed or just drafted; the longest first) occurred earlier in the prompt or output, the chain drafts
-            the token that followed their latest occurrence instead of the drafter's pick
-            (`hf_dspark.prompt_lookup.copied_token`); 0 turns it off. None: DEFAULT_COPY_NGRAM (3) for chains of
-            a set length (the full block, num_speculative_tokens), off where confidences size the chain (the
-            scheduler, confidence_threshold: the confidence head does not see copies, so its calibration does not
-            cover them) and for trees (which have their prompt-lookup branch). Setting it asks for a chain, as
-            num_speculative_tokens does. Greedy or sampled, the output stays plain decoding's.
+        copy_ngram: copy drafting: where the last COPY_LONGEST_NGRAM (8) down to `copy_ngram` tokens (committed or
+            just drafted; the longest first) occurred earlier in the prompt or output, the token that followed their
+            latest occurrence is drafted next (`hf_dspark.prompt_lookup.CopyIndex`): in a chain instead of the
+            drafter's pick, in a tree as one more child of every expanded node. 0 turns it off. None:
+            DEFAULT_COPY_NGRAM (3) for chains of a set length (the full block, num_speculative_tokens); off where
+            confidences size the chain (the scheduler, confidence_threshold: the confidence head does not see copies,
+            so its calibration does not cover them) and for trees (their prompt-lookup branch follows the same rule
+            from the anchor). Greedy or sampled, the output stays plain decoding's.
         dspark_streamer: a transformers streamer (`streamer=` is consumed by generate() before it reaches here).
         stop_strings, stop_tokenizer: stop strings, cut at the exact stop point inside an accepted block
             (generate() does not hand its tokenizer to a custom_generate callable, hence our own names).
@@ -479,19 +481,13 @@ def _start_call(
     policy = None
     if tree_size is None:
         policy = choose_policy(model, drafter, num_speculative_tokens=num_speculative_tokens, quiet=True, **policy_options)
-        explicit = num_speculative_tokens is not None or copy_ngram is not None
-        explicit = explicit or any(v is not None for v in policy_options.values())
+        explicit = num_speculative_tokens is not None or any(v is not None for v in policy_options.values())
         tree_size = None if explicit else default_tree_size(model, drafter, policy, n_rows)
     lookup = PromptLookup.from_generation_config(gen, default_tokens=tree_size)  # a tree has a branch unless told 0
     if policy is not None and policy.fallback_reason and tree_size is None and lookup is None:  # a tree: no chain
         _log_fallback(policy.fallback_reason)
     if tree_size is not None or lookup is not None:  # every drafting step verifies the whole tree
         check_tree_call(model, drafter, tree_size, policy_options)
-        if copy_ngram:
-            raise ValueError(
-                f"copy_ngram={copy_ngram} copies into a chain of drafts; a tree (draft_tree_size, prompt_lookup_num_tokens) "
-                "has its prompt-lookup branch instead. Drop copy_ngram, or the tree options."
-            )
         policy = FullBlock(num_speculative_tokens)
     policy.reset()
     if streamer is not None and n_rows > 1:
@@ -546,6 +542,9 @@ def _prefill(call: _Call, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     call.stats.verify_time_s += time.perf_counter() - t0
     anchor_pos = attn.long().sum(-1)  # the first generated token's position, per row
     call.prompt_starts = (input_ids.shape[1] - anchor_pos).tolist()
+    shortest = [n for n in (call.copy_ngram, call.lookup and call.lookup.shortest) if n]  # what the queries match
+    if shortest:
+        call.copy_indexes = [CopyIndex(p[s:].tolist(), min(shortest)) for p, s in zip(call.prompt_rows, call.prompt_starts)]
     rows = _Rows(list(range(input_ids.shape[0])), anchor=first, anchor_pos=anchor_pos, ctx_valid=attn.clone(), dense=dense)
     outputs = (scores, logits, [[i] for i in rows.ids]) if call.kept is not None else None
     active = _append_tokens(call, rows.ids, [[int(t)] for t in first], outputs)
@@ -616,10 +615,11 @@ def _draft(call: _Call, rows: _Rows, depth: int, caps: list[int], prefix) -> tup
             _synchronize(device)
             catch_up = (n * pending, time.perf_counter() - t0)
         args = (rows.anchor, rows.anchor_pos, ctx_kv, rows.ctx_valid, call.processing, prefix, call.markov, depth)
+        copy = _copy_reader(call, rows.ids)
         if call.verifies_tree:
-            draft = _draft_tree(call, args, depth, caps, prefix)
+            draft = _draft_tree(call, args, depth, caps, rows.ids, copy)
         else:
-            draft = drafting.draft_block(call.drafter, *args, copy=_copy_reader(call, prefix))
+            draft = drafting.draft_block(call.drafter, *args, copy=copy)
         _synchronize(device)  # the policy prices drafting with this wall time
         call.stats.drafted_steps += 1
     else:  # a plain target step: the policy judged that drafting does not pay
@@ -631,38 +631,42 @@ def _draft(call: _Call, rows: _Rows, depth: int, caps: list[int], prefix) -> tup
 
 def _copy_ngram(copy_ngram: int | None, policy: VerifyPolicy, tree_size: int | None) -> int:
     """The call's copy drafting (0: off): as asked, else on for chains of a set length only (a policy that reads
-    calibrated confidences sizes chains from a head that does not see copies; a tree has its lookup branch)."""
+    calibrated confidences sizes chains from a head that does not see copies; in a tree, copies added 3% to the tau
+    its lookup branch reaches, and cost about as much in drafting time: bench_results/s56)."""
     if copy_ngram is not None:
         return copy_ngram
     return 0 if policy.needs_confidence or tree_size is not None else DEFAULT_COPY_NGRAM
 
 
-def _copy_reader(call: _Call, prefix):
-    """(running row i, drafts [k]) -> the token copy drafting puts at the next slot (None: the drafter's pick), or
-    None when copy drafting is off."""
+def _copy_index(call: _Call, row: int) -> CopyIndex:
+    """The row's index of its prompt and committed tokens, brought up to date."""
+    index = call.copy_indexes[row]
+    index.follow(call.generated[row])
+    return index
+
+
+def _copy_reader(call: _Call, row_ids: list[int]):
+    """(running row i, drafts [k]) -> the token copy drafting puts after them (None: the drafter's pick), or None
+    when copy drafting is off."""
     if not call.copy_ngram:
         return None
 
-    def copy(i: int, drafts: torch.Tensor) -> int | None:
-        row, seq = prefix(i, drafts)  # [P + G + k]: the prompt (padded), the committed tokens, the drafts
-        return copied_token(seq[call.prompt_starts[row] :], call.copy_ngram)
+    def copy(i: int, drafts: list[int]) -> int | None:
+        return _copy_index(call, row_ids[i]).copied(drafts, call.copy_ngram)
 
     return copy
 
 
-def _draft_tree(call: _Call, args: tuple, depth: int, caps: list[int], prefix) -> Draft:
+def _draft_tree(call: _Call, args: tuple, depth: int, caps: list[int], row_ids: list[int], copy) -> Draft:
     """The drafter's tree of draft_tree_size nodes (its best chain without one), with the prompt-lookup branch of
     each row grafted on when prompt_lookup_num_tokens is set."""
-    if call.tree_size is not None:
-        draft = drafting.draft_tree(call.drafter, *args, size=call.tree_size)
-    else:
-        draft = drafting.draft_tree(call.drafter, *args, size=depth, top_k=1)
+    size, top_k = (call.tree_size, TREE_TOP_K) if call.tree_size is not None else (depth, 1)
+    draft = drafting.draft_tree(call.drafter, *args, size=size, top_k=top_k, copy=copy, copy_logprob=math.log(TREE_COPY_RATE))
     if call.lookup is None:
         return draft
     branches, rates = [], []
-    for i, cap in enumerate(caps):
-        row, seq = prefix(i, draft.tokens[i, :0])  # [P + G]: the prompt (padded) and the committed tokens
-        branches.append(call.lookup.propose(seq[call.prompt_starts[row] :], cap))
+    for row, cap in zip(row_ids, caps):
+        branches.append(call.lookup.propose(_copy_index(call, row), cap, device=draft.tokens.device))
         rates.append(call.lookup_rates.token_logprob(row))
     tree = graft_branch(draft.tree, branches, size=call.tree_size, token_logprob=rates)
     return Draft(tokens=tree.tokens, q=None, conf_logits=None, tree=tree, branches=branches)

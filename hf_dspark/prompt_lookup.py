@@ -2,20 +2,23 @@
 it off).
 
 Outputs often repeat their context: a math answer restates the question's numbers and phrases, code re-types the
-signature and names of its prompt. As transformers' prompt lookup does (`PromptLookupCandidateGenerator`), the last n
-tokens of a row (n = `max_matching_ngram_size` down to 2, `MIN_NGRAM`) are searched for earlier in its prompt and
-output, and the K tokens that followed the first match are proposed. They cost no model pass;
+signature and names of its prompt. As transformers' prompt lookup does (`PromptLookupCandidateGenerator`), the last
+tokens of a row are searched for earlier in its prompt and output, and the K tokens that follow are proposed; here
+the match is the latest earlier occurrence of the longest suffix of up to 8 tokens (COPY_LONGEST_NGRAM, or
+`max_matching_ngram_size` when larger) down to 2 (`MIN_NGRAM`), renewed after each proposed token (the copy rule
+below, `CopyIndex.continuation`). They cost no model pass;
 `draft_tree.graft_branch` merges them into the drafter's tree (sharing the nodes the drafter drafted too), where they
 compete with the drafter's nodes for the tree's N places (priced by the row's running rate of accepted branch tokens,
 `LookupRates`), so one target forward of the same width verifies both, and the longest path the target agrees with
 wins. Which tokens are proposed and kept depends on committed tokens only, so the output stays plain decoding's,
 greedy or sampled. A chain (no tree) gets a branch of K grafted on when K is set.
 
-Copy drafting (`copy_ngram`, on by default in chains) copies inside the block instead: at each slot, where the last
-tokens (the committed ones and the block's drafts so far) occurred earlier, the slot drafts the token that followed
-their latest occurrence rather than the drafter's pick (`copied_token`), so a name or an identifier the drafter's
-vocabulary lacks, or a phrase it does not foresee, is drafted as soon as the drafts before it reach it. The copied
-token is drawn from a one-hot q, so verification stays exact when sampling.
+Copy drafting (`copy_ngram`, on by default in chains of a set length) copies inside the block as well:
+where the last tokens (the committed ones and the drafts so far) occurred earlier, the token that followed their
+latest occurrence is drafted next (`CopyIndex`), so a name or an identifier the drafter's vocabulary lacks, or a
+phrase it does not foresee, is drafted as soon as the drafts before it reach it. A chain's slot drafts it instead of
+the drafter's pick, from a one-hot q, so verification stays exact when sampling; a tree (when `copy_ngram` is set)
+adds it as one more child of each expanded node (`draft_tree.grow_tree`), which the tree walk verifies like any other.
 """
 
 from __future__ import annotations
@@ -38,12 +41,18 @@ PRIOR_RATE = 0.7
 PRIOR_TOKENS = 4.0
 
 
-# copy drafting (`copy_ngram`): a chain's slot drafts the token that followed the latest earlier occurrence of the
-# longest suffix of COPY_LONGEST_NGRAM down to `copy_ngram` tokens (committed or drafted) instead of the drafter's pick.
+# copy drafting (`copy_ngram`): the token that followed the latest earlier occurrence of the longest suffix of
+# COPY_LONGEST_NGRAM down to `copy_ngram` tokens (committed or drafted) is drafted next.
 # Replayed on the target's greedy answers to 20 prompts per eval set, 3 and longest-first from 8 drafted more than 2, 3
-# alone, the first occurrence, or a fallback for tokens outside the draft vocabulary (bench_results/s55/README.md)
+# alone, the first occurrence, or a fallback for tokens outside the draft vocabulary (bench_results/s55/README.md).
+# The tree's lookup branch follows the same rule from 2 tokens up: against transformers' rule (the K tokens after the
+# first occurrence of the last 2), the shipped drafter's tree of 15 verified 11.925 against 11.625 summed tau over
+# GSM8K, HumanEval and MT-Bench, each set's paired interval above zero (bench_results/s56)
 DEFAULT_COPY_NGRAM = 3
 COPY_LONGEST_NGRAM = 8
+# a copied child in a tree scores its parent's path log-probability plus log(TREE_COPY_RATE). Summed tree-of-15 tau
+# 12.144 / 12.180 / 12.280 at 0.6 / 0.7 / 0.8, within the eval's resolution of each other (bench_results/s56)
+TREE_COPY_RATE = 0.8
 
 
 def check_copy_ngram(copy_ngram: int | None) -> None:
@@ -52,28 +61,65 @@ def check_copy_ngram(copy_ngram: int | None) -> None:
         raise ValueError(f"copy_ngram must be a non-negative int (0: no copy drafting), got {copy_ngram!r}.")
 
 
-def copied_token(seq: torch.Tensor, n: int, longest: int = COPY_LONGEST_NGRAM) -> int | None:
-    """seq [S] (prompt, committed tokens and the block's drafts so far) -> the token that followed the latest earlier
-    occurrence of its longest suffix of `longest` down to `n` tokens, or None when none occurred before."""
-    size = seq.shape[0]
-    if size <= n:
-        return None
-    windows = seq[: size - 1].unfold(0, n, 1)  # [S - n, n]: every n-gram followed by at least one token
-    ends = (windows == seq[size - n :]).all(dim=1).nonzero().flatten() + n  # [M] what followed each match
-    best = ends[-1] if ends.numel() else None
-    for m in range(n + 1, min(longest, size - 1) + 1):  # longer matches: the same ends, one more token before
-        ends = ends[ends >= m]  # room for m tokens before the end
-        ends = ends[seq[ends - m] == seq[size - m]]
-        if not ends.numel():
-            break
-        best = ends[-1]
-    return None if best is None else int(seq[best])
+class CopyIndex:
+    """Copy drafting's and prompt lookup's memory of one row: where each n-gram of its committed tokens (prompt and
+    output) occurred, kept as the row grows, so that a query reads the occurrences of one suffix instead of rescanning
+    the row (a tree asks once per expanded node and level, ~25 times a step). `n` is the shortest suffix any query
+    matches."""
+
+    def __init__(self, tokens: list[int], n: int):
+        self.n = n
+        self.tokens: list[int] = []  # the committed tokens indexed so far
+        self.num_prompt = len(tokens)
+        self.ends: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions of the tokens that followed it
+        self._append(tokens)
+
+    def follow(self, generated: list[int]) -> None:
+        """Index the row's newly committed tokens (`generated`: all it has emitted so far)."""
+        self._append(generated[len(self.tokens) - self.num_prompt :])
+
+    def _append(self, tokens: list[int]) -> None:
+        n = self.n
+        for token in tokens:
+            end = len(self.tokens)  # the new token's position: it follows the n-gram ending just before it
+            self.tokens.append(token)
+            if end >= n:
+                self.ends.setdefault(tuple(self.tokens[end - n : end]), []).append(end)
+
+    def copied(self, drafts: list[int], shortest: int | None = None, longest: int = COPY_LONGEST_NGRAM) -> int | None:
+        """The token that followed the latest earlier occurrence of the longest suffix of `longest` down to `shortest`
+        (>= n; default n) tokens of the committed tokens and then `drafts`, or None when none occurred before."""
+        n, committed = self.n, len(self.tokens)
+        shortest = n if shortest is None else shortest
+        seq = self.tokens + drafts if drafts else self.tokens
+        size = len(seq)
+        if size <= n:
+            return None
+        suffix = seq[size - n :]
+        # the occurrences followed by a committed token, then those that reach into the drafts (a few positions)
+        ends = list(self.ends.get(tuple(suffix), ()))
+        ends += [e for e in range(max(n, committed), size) if seq[e - n : e] == suffix]
+        best = ends[-1] if ends and shortest <= n else None
+        for m in range(n + 1, min(longest, size - 1) + 1):  # longer matches: the same ends, one more token before
+            ends = [e for e in ends if e >= m and seq[e - m] == seq[size - m]]
+            if not ends:
+                break
+            if m >= shortest:
+                best = ends[-1]
+        return None if best is None else seq[best]
+
+    def continuation(self, limit: int, shortest: int | None = None, longest: int = COPY_LONGEST_NGRAM) -> list[int]:
+        """Up to `limit` tokens, each the one `copied` names after the committed tokens and those before it."""
+        tokens: list[int] = []
+        while len(tokens) < limit and (token := self.copied(tokens, shortest, longest)) is not None:
+            tokens.append(token)
+        return tokens
 
 
 @dataclass(frozen=True)
 class PromptLookup:
     num_tokens: int  # K: the longest branch proposed
-    max_ngram: int  # the longest suffix matched
+    max_ngram: int  # max_matching_ngram_size: the longest suffix matched, at least COPY_LONGEST_NGRAM (1: one-token matches too)
 
     @classmethod
     def from_generation_config(cls, gen, default_tokens: int | None = None) -> "PromptLookup | None":
@@ -94,18 +140,21 @@ class PromptLookup:
             return None
         return cls(num_tokens=num, max_ngram=DEFAULT_NGRAM if ngram is None else ngram)
 
-    def propose(self, seq: torch.Tensor, limit: int) -> torch.Tensor:
-        """seq [S] (prompt and committed tokens, the anchor last) -> the <= min(K, limit) tokens that followed the
-        first earlier occurrence of its longest matching suffix ([0] when none matches)."""
-        size = seq.shape[0]
-        num = min(self.num_tokens, limit)
-        for n in range(min(self.max_ngram, size - 1), min(MIN_NGRAM, self.max_ngram) - 1, -1):
-            windows = seq[: size - 1].unfold(0, n, 1)  # [S - n, n]: every n-gram followed by at least one token
-            hits = (windows == seq[size - n :]).all(dim=1).nonzero()
-            if hits.numel():
-                start = int(hits[0]) + n
-                return seq[start : start + num]
-        return seq[:0]
+    @property
+    def shortest(self) -> int:
+        """The shortest suffix the branch matches."""
+        return min(MIN_NGRAM, self.max_ngram)
+
+    @property
+    def longest(self) -> int:
+        """The longest suffix the branch matches first."""
+        return max(COPY_LONGEST_NGRAM, self.max_ngram)
+
+    def propose(self, index: CopyIndex, limit: int, device: torch.device) -> torch.Tensor:
+        """A row's index (of its prompt and committed tokens) -> the branch [<= min(K, limit)]: the tokens that follow
+        its latest earlier match, renewed token by token (`CopyIndex.continuation`)."""
+        branch = index.continuation(min(self.num_tokens, limit), self.shortest, self.longest)
+        return torch.tensor(branch, dtype=torch.long, device=device)
 
 
 class LookupRates:

@@ -344,7 +344,7 @@ def test_verify_forwards_keep_grouped_kv_heads_under_a_mask(tiny_target, tiny_dr
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def recording(q, k, v, attn_mask=None, **kw):
-        calls.append((q.shape[2], attn_mask is not None, k.shape[1], kw.get("enable_gqa", False)))
+        calls.append((q.shape[1], q.shape[2], attn_mask is not None, k.shape[1], kw.get("enable_gqa", False)))
         return sdpa(q, k, v, attn_mask=attn_mask, **kw)
 
     enc = ragged_batch(256, seed=4)
@@ -354,8 +354,10 @@ def test_verify_forwards_keep_grouped_kv_heads_under_a_mask(tiny_target, tiny_dr
     out = tiny_target.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter)
     assert torch.equal(out, ref)
     kv_heads = tiny_target.config.num_key_value_heads
-    masked_verify = [c for c in calls if c[0] > 1 and c[1] and c[2] in (kv_heads, tiny_target.config.num_attention_heads)]
-    assert masked_verify and all(c[2] == kv_heads and c[3] for c in masked_verify)
+    # the target's masked forwards of several tokens (one token's query is packed onto the K/V heads: [R, Hk, groups, D])
+    heads = tiny_target.config.num_attention_heads
+    masked_verify = [c for c in calls if c[0] == heads and c[1] > 1 and c[2] and c[3] in (kv_heads, heads)]
+    assert masked_verify and all(c[3] == kv_heads and c[4] for c in masked_verify)
     assert SDPA_FORCE_GQA not in os.environ
 
 
@@ -424,7 +426,7 @@ def mid_depth_policy() -> AdaptiveVerification:
     return AdaptiveVerification(TABLE, costs=costs, static_batch=False, remeasure_margin=0)
 
 
-@pytest.mark.parametrize("policy", ["full", "threshold", "adaptive", "adaptive_skip", "adaptive_mid_depth", "tree", "lookup", "tree_lookup", "copy"])
+@pytest.mark.parametrize("policy", ["full", "threshold", "adaptive", "adaptive_skip", "adaptive_mid_depth", "tree", "lookup", "tree_lookup", "copy", "tree_copy"])
 def test_sampling_matches_target_distribution(small_vocab, policy):
     target, drafter, prompt, probs = small_vocab
     kw = {}
@@ -442,8 +444,10 @@ def test_sampling_matches_target_distribution(small_vocab, policy):
         kw["prompt_lookup_num_tokens"] = 3
     elif policy == "tree_lookup":  # a tree of 9 nodes, a branch of up to 9 among them
         kw.update(draft_tree_size=9, prompt_lookup_num_tokens=9)
-    elif policy == "copy":  # copy drafting on one-token matches: in 6 tokens most slots copy
-        kw["copy_ngram"] = 1
+    elif policy == "copy":  # copy drafting in a chain on one-token matches: in 6 tokens most slots copy
+        kw.update(copy_ngram=1, adaptive_verification=False)
+    elif policy == "tree_copy":  # a tree of 9 with a copied child under every expanded node
+        kw.update(draft_tree_size=9, prompt_lookup_num_tokens=0, copy_ngram=1)
     counts = sample_counts(target, prompt, assistant_model=drafter, **kw)
     assert _sampling.chi_square_pvalue(counts, probs) > 1e-3
     stats = drafter.last_stats
@@ -493,7 +497,7 @@ def test_sampling_test_catches_copies_drafted_with_the_drafters_q(small_vocab, m
 
     real = drafting._copy_drafts
     monkeypatch.setattr(drafting, "_copy_drafts", copy_keeping_q)
-    counts = sample_counts(target, prompt, assistant_model=drafter, copy_ngram=1)
+    counts = sample_counts(target, prompt, assistant_model=drafter, copy_ngram=1, adaptive_verification=False)
     assert _sampling.chi_square_pvalue(counts, probs) < 1e-6
 
 

@@ -6,49 +6,90 @@ chi-square test."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
 from transformers import GenerationConfig
 
 from hf_dspark.draft_tree import NO_NODE, DraftTree, accept_tree, graft_branch
-from hf_dspark.prompt_lookup import PromptLookup, copied_token
+from hf_dspark.prompt_lookup import CopyIndex, PromptLookup
 from hf_dspark.testing import oracle_drafts, oracle_tree_drafts, ragged_batch
 
 
-def test_lookup_proposes_what_followed_the_first_match_of_the_longest_suffix():
+def test_lookup_proposes_what_follows_the_latest_match_of_the_longest_suffix():
     lookup = PromptLookup(num_tokens=3, max_ngram=2)
-    seq = torch.tensor([7, 1, 2, 9, 9, 4, 1, 2, 5, 6, 7, 3, 1, 2])
-    assert lookup.propose(seq, limit=10).tolist() == [9, 9, 4]  # "1 2" first seen at 1..2, then 9 9 4
-    assert lookup.propose(seq, limit=2).tolist() == [9, 9]  # a row's cap cuts the branch
-    assert PromptLookup(3, 1).propose(torch.tensor([4, 8, 5, 8]), limit=5).tolist() == [5, 8]  # unigram, clipped at the end
-    assert lookup.propose(torch.tensor([4, 8, 5, 8]), limit=5).numel() == 0  # no fallback to one token (MIN_NGRAM)
-    assert lookup.propose(torch.tensor([1, 2, 3]), limit=5).numel() == 0  # no earlier occurrence
-    assert lookup.propose(torch.tensor([3]), limit=5).numel() == 0
+    propose = lambda seq, limit: lookup.propose(CopyIndex(seq, 1), limit, "cpu").tolist()  # noqa: E731
+    seq = [7, 1, 2, 9, 9, 4, 1, 2, 5, 6, 7, 3, 1, 2]
+    assert propose(seq, 10) == [5, 6, 7]  # "1 2" last seen at 6..7, then 5 6 7
+    assert propose(seq, 2) == [5, 6]  # a row's cap cuts the branch
+    # the match is renewed after each token: "2 9" then "9 9" (latest at 3..4, before the 4), then "9 4" ...
+    renewed = PromptLookup(5, 2).propose(CopyIndex([2, 9, 9, 4, 8, 2, 9], 1), 5, "cpu")
+    assert renewed.tolist() == [9, 4, 8, 2, 9]
+    one = PromptLookup(3, 1)
+    assert one.propose(CopyIndex([4, 8, 5, 8], 1), 5, "cpu").tolist() == [5, 8, 5]  # one-token matches: 8 -> 5 -> 8 -> 5
+    assert propose([4, 8, 5, 8], 5) == []  # no fallback to one token (MIN_NGRAM)
+    assert propose([1, 2, 3], 5) == [] and propose([3], 5) == []  # no earlier occurrence
+
+
+def copied(seq: list[int], n: int, longest: int = 8, committed: int | None = None) -> int | None:
+    """CopyIndex over seq's first `committed` tokens (all by default), asked with the rest as drafts."""
+    committed = len(seq) if committed is None else committed
+    return CopyIndex(seq[:committed], n).copied(seq[committed:], longest=longest)
 
 
 def test_copy_takes_what_followed_the_latest_earlier_match_of_the_last_n_tokens():
-    seq = torch.tensor([7, 1, 2, 9, 4, 1, 2, 5, 6, 1, 2])
-    assert copied_token(seq, 2) == 5  # "1 2" at 1..2 (then 9) and at 5..6 (then 5): the latest
-    assert copied_token(seq, 3) is None  # "6 1 2" did not occur before
-    seq = torch.tensor([8, 1, 2, 3, 9, 0, 2, 3, 7, 1, 2, 3])
-    assert copied_token(seq, 2, longest=2) == 7  # the latest "2 3"
-    assert copied_token(seq, 2) == 9  # the longest match first: "1 2 3" at 1..3
-    assert copied_token(torch.tensor([3, 3, 3]), 2) == 3  # overlapping matches count
-    assert copied_token(torch.tensor([1, 2]), 2) is None  # nothing before the suffix
-    assert copied_token(torch.tensor([5]), 1) is None
+    seq = [7, 1, 2, 9, 4, 1, 2, 5, 6, 1, 2]
+    assert copied(seq, 2) == 5  # "1 2" at 1..2 (then 9) and at 5..6 (then 5): the latest
+    assert copied(seq, 3) is None  # "6 1 2" did not occur before
+    seq = [8, 1, 2, 3, 9, 0, 2, 3, 7, 1, 2, 3]
+    assert copied(seq, 2, longest=2) == 7  # the latest "2 3"
+    assert copied(seq, 2) == 9  # the longest match first: "1 2 3" at 1..3
+    assert copied(seq, 2, committed=9) == 9  # the same with the last three tokens drafted
+    assert copied([3, 3, 3], 2) == 3 and copied([3, 3, 3], 2, committed=1) == 3  # overlapping matches count
+    assert copied([1, 2], 2) is None  # nothing before the suffix
+    assert copied([5], 1) is None and copied([], 1) is None
+
+
+def scanned_copy(seq: list[int], n: int, longest: int = 8) -> int | None:
+    """The rule by brute force: over every earlier end of the suffix's longest match (up to `longest` tokens, at
+    least n), the latest."""
+    best, best_len = None, 0
+    for end in range(n, len(seq)):  # seq[end] followed an occurrence ending at end - 1
+        length = 0
+        while length < min(longest, end) and seq[end - 1 - length] == seq[len(seq) - 1 - length]:
+            length += 1
+        if length >= n and length >= best_len:
+            best, best_len = seq[end], length
+    return best
+
+
+def test_copy_index_matches_a_full_scan_as_the_row_grows():
+    rng = random.Random(0)
+    for _ in range(2000):
+        seq = [rng.randrange(rng.choice((2, 3, 6))) for _ in range(rng.randrange(30))]
+        n, prompt = rng.randint(1, 4), rng.randint(0, len(seq))
+        generated = seq[prompt : rng.randint(prompt, len(seq))]
+        index = CopyIndex(seq[:prompt], rng.randint(1, n))  # an index of shorter n-grams serves longer queries
+        index.follow(generated[: len(generated) // 2])  # committed over two steps
+        index.follow(generated)
+        assert index.copied(seq[prompt + len(generated) :], n, longest=5) == scanned_copy(seq, n, longest=5), (seq, n)
 
 
 @pytest.mark.parametrize("copy_ngram", [1, 3])
-def test_greedy_identical_with_copy_drafting(tiny_target, tiny_drafter, copy_ngram):
+@pytest.mark.parametrize("drafts", ["chain", "tree"])
+def test_greedy_identical_with_copy_drafting(tiny_target, tiny_drafter, copy_ngram, drafts):
     enc = ragged_batch(256)
     ref = tiny_target.generate(**enc, max_new_tokens=40, do_sample=False, eos_token_id=None)
     common = dict(max_new_tokens=40, do_sample=False, eos_token_id=None, assistant_model=tiny_drafter)
+    # a tree of 6 without its lookup branch: the copied children alone
+    common |= dict(adaptive_verification=False) if drafts == "chain" else dict(draft_tree_size=6, prompt_lookup_num_tokens=0)
     assert torch.equal(tiny_target.generate(**enc, **common, copy_ngram=copy_ngram), ref)
     copying = tiny_drafter.last_stats.mean_accepted_length
     assert torch.equal(tiny_target.generate(**enc, **common, copy_ngram=0), ref)
     assert copying > tiny_drafter.last_stats.mean_accepted_length + 0.3  # the tiny target repeats itself
-    with oracle_drafts(ref):  # drafts edited after copying into long right runs with a wrong token now and then
+    oracle = oracle_drafts if drafts == "chain" else oracle_tree_drafts
+    with oracle(ref):  # drafts edited into long right runs with a wrong token now and then
         assert torch.equal(tiny_target.generate(**enc, **common, copy_ngram=copy_ngram), ref)
 
 
@@ -57,10 +98,19 @@ def test_copy_drafting_is_on_for_chains_of_a_set_length_only(tiny_target, tiny_d
     import hf_dspark.generation as G
 
     calls = []
-    monkeypatch.setattr(G, "copied_token", lambda seq, n: calls.append(n))
+    real = G._copy_reader
+
+    def recording(call, row_ids):
+        reader = real(call, row_ids)
+        if reader is not None:
+            calls.append(call.copy_ngram)
+        return reader
+
+    monkeypatch.setattr(G, "_copy_reader", recording)
     enc = ragged_batch(256, lengths=(6, 9))
     for options, copies in ((dict(adaptive_verification=False), True), (dict(num_speculative_tokens=3), True),
-                            (dict(confidence_threshold=0.5), False), (dict(draft_tree_size=4), False),
+                            (dict(confidence_threshold=0.5), False), (dict(draft_tree_size=4), False), (dict(), False),
+                            (dict(copy_ngram=3), True), (dict(draft_tree_size=4, copy_ngram=2), True),
                             (dict(confidence_threshold=0.5, copy_ngram=2), True)):
         calls.clear()
         tiny_target.generate(**enc, max_new_tokens=8, do_sample=False, assistant_model=tiny_drafter, **options)
@@ -148,7 +198,6 @@ def test_lookup_branch_longer_than_the_block_stops_exactly_at_max_new_tokens(tin
         (dict(prompt_lookup_num_tokens=4, dspark_engine="transformers"), "our loop only"),
         (dict(copy_ngram=-1), "non-negative int"),
         (dict(copy_ngram=True), "non-negative int"),
-        (dict(copy_ngram=2, draft_tree_size=4), "prompt-lookup branch instead"),
         (dict(copy_ngram=2, dspark_engine="transformers"), "our loop only"),
     ],
 )

@@ -575,9 +575,9 @@ def _add_eval_tau(sub) -> None:
                    help="transformers' prompt_lookup_num_tokens: cap a tree's prompt-lookup branch at K tokens (0: no "
                         "branch, the drafter's nodes alone); without --draft-tree-size, graft a branch of K onto the chain")
     p.add_argument("--copy-ngram", type=int, default=None, metavar="N",
-                   help="copy drafting in a chain: where the last 8 down to N tokens occurred earlier in the prompt or "
-                        "output, draft the token that followed them (0: the drafter's picks alone; default: "
-                        "generate()'s, 3)")
+                   help="copy drafting: where the last 8 down to N tokens occurred earlier in the prompt or output, "
+                        "draft the token that followed them (a chain's slot instead of the drafter's pick, one more "
+                        "child of each expanded node in a tree; 0: the drafter's picks alone; default: generate()'s, 3)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 (default): greedy; > 0: sample at this temperature (seeded by --seed; the target's "
                         "generation config sets the rest, e.g. top_k)")

@@ -68,7 +68,7 @@ def measure(
 ) -> dict:
     """DSpark decoding over `prompts` (a chain of drafts, or a tree of `draft_tree_size`; with a prompt-lookup
     branch of `prompt_lookup_num_tokens`), greedy, or sampled at `temperature` > 0 (seeded, with the target's
-    generation config otherwise); a chain copies with `copy_ngram` (None: generate()'s default); returns tau,
+    generation config otherwise), copying with `copy_ngram` (None: generate()'s default); returns tau,
     per-position acceptance, the steps and committed tokens of each `generate()` call (each prompt's at `batch_size` 1, for paired comparisons) and calibration samples (none for a
     tree)."""
     import hf_dspark
