@@ -113,13 +113,14 @@ def grow_tree(
         scores.append(child_score)
         parents.append(child_parent)
         levels.append(torch.full_like(child_tok, k))
-        # the next frontier: this level's top_k children by path score (a padding child stands in as its parent's best)
+        # the next frontier: this level's top_k children by path score
         keep = child_score.topk(min(top_k, f * width), dim=-1).indices  # [R, F']
-        front_tok = torch.where(child_tok < 0, child_tok.view(n, f, width)[:, :, :1].expand(n, f, width).reshape(n, -1),
-                                child_tok).gather(1, keep)
+        owner = keep // width  # the frontier node each kept child came from
+        front_tok = child_tok.gather(1, keep)
+        if copy is not None:  # a padding child (only when fewer than top_k score above -inf) stands in as its parent's best
+            front_tok = torch.where(front_tok < 0, child_tok.view(n, f, width)[:, :, 0].gather(1, owner), front_tok)
         front_score = child_score.gather(1, keep)
         front_node = count + keep
-        owner = keep // width  # the frontier node each kept child came from
         if track_paths:
             front_path = torch.cat([front_path.gather(1, owner[:, :, None].expand(-1, -1, k)), front_tok[:, :, None]], 2)
         if new_state is not None:

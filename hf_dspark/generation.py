@@ -334,7 +334,7 @@ class _Call:
     max_drafts: int | None  # num_speculative_tokens
     tree_size: int | None  # draft_tree_size: verify a tree of this many drafts, None: a chain
     lookup: PromptLookup | None  # prompt_lookup_num_tokens: graft a prompt-lookup branch onto the tree
-    copy_ngram: int  # a chain's copy drafting: the shortest suffix matched (0: off)
+    copy_ngram: int  # copy drafting (chain slots, or tree children): the shortest suffix matched (0: off)
     eos: set[int]
     pad_id: int
     criteria: list  # stopping criteria other than EOS and the length (stop strings, the caller's)
@@ -646,8 +646,8 @@ def _copy_index(call: _Call, row: int) -> CopyIndex:
 
 
 def _copy_reader(call: _Call, row_ids: list[int]):
-    """(running row i, drafts [k]) -> the token copy drafting puts after them (None: the drafter's pick), or None
-    when copy drafting is off."""
+    """(running row i, its drafts so far as a list) -> the token copy drafting puts after them (None: the drafter's
+    pick), or None when copy drafting is off."""
     if not call.copy_ngram:
         return None
 
