@@ -776,6 +776,47 @@ def test_a_grown_drafter_drafts_exactly_as_before_and_its_new_parts_train(tiny, 
     assert params["markov_head.markov_w2.weight"][:, 8:].abs().sum() > 0
 
 
+def test_a_vanilla_head_grown_gated_drafts_exactly_as_before_and_its_gate_trains(tiny, data_dir, tmp_path):
+    """vanilla -> gated: a zero gate (g = 1/2) and W2 doubled give the same bias bit for bit; the gate then learns."""
+    from hf_dspark.drafting import draft_tree
+    from hf_dspark.processing import Processing
+    from hf_dspark.training.trainer import build_drafter, grow_drafter
+
+    model, tok = tiny
+    drafter = build_drafter(model, tok, draft_token_ids=torch.arange(10, 40), markov_rank=8, target_layer_ids=[1, 3])
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # "trained"
+    grown = grow_drafter(drafter, model, markov_head_type="gated")
+    assert grown.config.markov_head_type == "gated" and grown.config.markov_rank == 8
+    prev, hidden = torch.randint(0, 64, (3, 5)), torch.randn(3, 5, model.config.hidden_size)
+    assert torch.equal(grown.markov_bias(grown.markov_latent(prev, hidden)[0]),
+                       drafter.markov_bias(drafter.markov_latent(prev, hidden)[0]))
+    data = TokenDataset(data_dir, model, tok)
+    seqs, gen = [data[i] for i in range(2)], torch.Generator().manual_seed(0)
+    ids, mask, _, anchors = pad_batch(seqs, [sample_anchors(m, 6, gen) for _, m in seqs], 0)
+    outs = [drafter_step_outputs(d, model, ids, mask, anchors, LossWeights()) for d in (drafter, grown)]
+    for key in ("kl", "bce"):
+        torch.testing.assert_close(outs[1][0][key], outs[0][0][key], rtol=1e-5, atol=1e-6)
+    assert torch.equal(outs[1][2], outs[0][2])
+    # the same tree at inference (the gate reads each slot's hidden state)
+    ctx = torch.randn(1, 6, drafter.fc.in_features)
+    pos = torch.arange(6)[None]
+    trees = []
+    for d in (drafter, grown):
+        kv = d.context_kv(d.context_features(ctx), pos)
+        trees.append(draft_tree(d, torch.tensor([5]), torch.tensor([6]), kv, torch.ones(1, 6, dtype=torch.bool),
+                                Processing([], do_sample=False), None, True, depth=4, size=9).tree)
+    assert torch.equal(trees[0].tokens, trees[1].tokens) and torch.equal(trees[0].parents, trees[1].parents)
+    before = grown.markov_head.gate_proj.weight.detach().clone()
+    cfg = TrainConfig(str(data_dir), str(tmp_path / "o"), max_steps=3, num_anchors=6, lr=1e-3, warmup_ratio=0.0,
+                      eval_every=0, eval_sequences=0)
+    tr = Trainer(grown, model, data, cfg, pad_id=0, log=lambda *_: None)
+    for _ in range(3):
+        tr.train_step()
+    assert not torch.equal(grown.markov_head.gate_proj.weight, before)
+
+
 def test_growing_refuses_to_shrink_or_to_widen_a_gated_head(tiny):
     from hf_dspark.training.trainer import build_drafter, grow_drafter
 
@@ -788,6 +829,10 @@ def test_growing_refuses_to_shrink_or_to_widen_a_gated_head(tiny):
     gated = build_drafter(model, tok, markov_rank=8, markov_head_type="gated", target_layer_ids=[1, 3])
     with pytest.raises(ValueError, match="Only a vanilla Markov head's rank can grow"):
         grow_drafter(gated, model, markov_rank=16)
+    with pytest.raises(ValueError, match="only grow from vanilla to gated"):
+        grow_drafter(gated, model, markov_head_type="vanilla")
+    with pytest.raises(ValueError, match="only grow from vanilla to gated"):
+        grow_drafter(drafter, model, markov_head_type="rnn")
 
 
 def test_conversations_as_written_mask_exactly_the_assistant_turns(tiny, tmp_path):

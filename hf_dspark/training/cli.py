@@ -252,11 +252,11 @@ def _train(args) -> int:
         remap_draft_vocab,
     )
 
-    growable = ("layers", "markov_rank")  # with --init: grow that drafter (trainer.grow_drafter)
+    growable = ("layers", "markov_rank", "markov_head_type")  # with --init: grow that drafter (trainer.grow_drafter)
     if args.init and (shaped := [f"--{k.replace('_', '-')}" for k in _SHAPE_DEFAULTS if k not in growable and getattr(args, k) is not None]):
         raise SystemExit(f"{', '.join(shaped)} describe a new drafter's shape; --init {args.init} already has one. Leave "
                          "them out to continue that drafter (its config says its shape), or drop --init for a new one. "
-                         "(--layers and --markov-rank beside --init grow it.)")
+                         "(--layers, --markov-rank and --markov-head-type gated beside --init grow it.)")
     grow = {k: getattr(args, k) for k in growable} if args.init else {}
     for k, v in _SHAPE_DEFAULTS.items():
         setattr(args, k, v if getattr(args, k) is None else getattr(args, k))
@@ -293,14 +293,15 @@ def _train(args) -> int:
             print(f"[train] --init drafter remapped to the new draft vocabulary: {shared} of its {draft_ids.numel()} "
                   "tokens keep their trained rows, the rest start from the target's lm_head")
         if any(v is not None for v in grow.values()):
-            before = (drafter.config.num_hidden_layers, drafter.config.markov_rank)
+            shape = lambda c: f"{c.num_hidden_layers} layers, {c.markov_head_type} Markov head of rank {c.markov_rank}"  # noqa: E731
+            before = shape(drafter.config)
             try:
-                drafter = grow_drafter(drafter, model, num_hidden_layers=grow["layers"], markov_rank=grow["markov_rank"])
+                drafter = grow_drafter(drafter, model, num_hidden_layers=grow["layers"], markov_rank=grow["markov_rank"],
+                                       markov_head_type=grow["markov_head_type"])
             except ValueError as e:
                 raise SystemExit(f"--init {args.init}: {e}") from None
-            print(f"[train] --init drafter grown from {before[0]} layers, Markov rank {before[1]} to "
-                  f"{drafter.config.num_hidden_layers} layers, rank {drafter.config.markov_rank}: it drafts as before "
-                  "until the new parts train")
+            print(f"[train] --init drafter grown from {before} to {shape(drafter.config)}: it drafts as before until "
+                  "the new parts train")
     else:
         drafter = build_drafter(
             model,
@@ -433,7 +434,8 @@ def _add_train(sub) -> None:
     p.add_argument("--block-size", type=int, default=None, help="drafts per block (default 7)")
     p.add_argument("--markov-rank", type=int, default=None,
                    help="Markov head rank (default 64); with --init, more than its own adds components that start at zero")
-    p.add_argument("--markov-head-type", default=None, choices=["vanilla", "gated", "rnn"], help="default vanilla")
+    p.add_argument("--markov-head-type", default=None, choices=["vanilla", "gated", "rnn"],
+                   help="default vanilla; with --init, gated turns its vanilla head into a gated one that starts as it was")
     p.add_argument("--target-layer-ids", type=_int_list, default=None, help="comma-separated taps (default: spread 1..L-3)")
     p.add_argument("--mask-token-id", type=int, default=None, help="default: an unused vocab row found via the tokenizer")
     _add_loop_args(p, max_steps=1000, lr=6e-4, eval_every=100, eval_sequences=8)

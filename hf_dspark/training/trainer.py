@@ -209,17 +209,25 @@ def copy_target_layers(layers: list[torch.nn.Module], target: PreTrainedModel) -
 
 @torch.no_grad()
 def grow_drafter(
-    drafter: DSparkDrafter, target: PreTrainedModel, num_hidden_layers: int | None = None, markov_rank: int | None = None
+    drafter: DSparkDrafter,
+    target: PreTrainedModel,
+    num_hidden_layers: int | None = None,
+    markov_rank: int | None = None,
+    markov_head_type: str | None = None,
 ) -> DSparkDrafter:
-    """A copy of a trained drafter with more decoder layers and/or a higher Markov rank that drafts exactly as it did.
+    """A copy of a trained drafter with more decoder layers, a higher Markov rank and/or a gated Markov head that drafts
+    exactly as it did.
 
     New layers go after the old ones and start from the target's last layers (as a fresh drafter's do) with their
     output projections (attention o_proj, MLP down_proj) zero, so each adds nothing to the residual stream until it
     trains. New Markov rank components get small random W1 columns and zero W2 columns (no bias yet), and the
-    confidence head zero weights on them. Growing the rank needs a vanilla head (gated/rnn heads mix the rank)."""
+    confidence head zero weights on them. Growing the rank needs a vanilla head (gated/rnn heads mix the rank). A
+    vanilla head becomes a gated one (`markov_head_type="gated"`) with a gate of zero weights and bias, so
+    sigmoid(0) = 1/2 on every latent, and W2 doubled: the bias W2 (g * e) is the old W2 e bit for bit."""
     cfg = drafter.config
     layers = cfg.num_hidden_layers if num_hidden_layers is None else num_hidden_layers
     rank = cfg.markov_rank if markov_rank is None else markov_rank
+    head_type = cfg.markov_head_type if markov_head_type is None else markov_head_type
     if layers < cfg.num_hidden_layers or rank < cfg.markov_rank:
         raise ValueError(f"Growing a drafter of {cfg.num_hidden_layers} layers and Markov rank {cfg.markov_rank} to "
                          f"{layers} layers and rank {rank} would shrink it; give at least its own sizes.")
@@ -227,7 +235,14 @@ def grow_drafter(
         raise ValueError(f"Only a vanilla Markov head's rank can grow (this drafter's head: "
                          f"{cfg.markov_head_type if cfg.markov_rank else 'none, a DFlash drafter'}); "
                          "train a new drafter with --markov-rank instead of --init.")
-    new = DSparkDrafter(DSparkConfig.from_dict({**cfg.to_dict(), "num_hidden_layers": layers, "markov_rank": rank})).float()
+    gating = head_type != cfg.markov_head_type
+    if gating and (cfg.markov_rank == 0 or (cfg.markov_head_type, head_type) != ("vanilla", "gated")):
+        raise ValueError(f"A Markov head can only grow from vanilla to gated (this drafter's head: "
+                         f"{cfg.markov_head_type if cfg.markov_rank else 'none, a DFlash drafter'}; asked: {head_type}); "
+                         "train a new drafter with --markov-head-type instead of --init.")
+    new = DSparkDrafter(DSparkConfig.from_dict(
+        {**cfg.to_dict(), "num_hidden_layers": layers, "markov_rank": rank, "markov_head_type": head_type}
+    )).float()
     if cfg.reduced_vocab:
         new.set_draft_vocab(drafter.draft_target_ids().cpu())
     added = list(new.layers)[cfg.num_hidden_layers:]
@@ -246,6 +261,10 @@ def grow_drafter(
         w2[:, cfg.markov_rank:].zero_()
         if new.confidence_head is not None and cfg.confidence_head_with_markov:
             new.confidence_head.proj.weight[:, cfg.hidden_size + cfg.markov_rank:].zero_()
+    if gating:  # g = sigmoid(0) = 1/2 everywhere, and 2 W2 (e / 2) = W2 e exactly (powers of two)
+        new.markov_head.gate_proj.weight.zero_()
+        new.markov_head.gate_proj.bias.zero_()
+        new.markov_head.markov_w2.weight.mul_(2.0)
     return new.bind(target)
 
 
