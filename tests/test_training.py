@@ -745,32 +745,49 @@ def test_remapping_the_draft_vocab_keeps_learned_rows_and_starts_new_ones_from_t
     assert torch.equal(new.confidence_head.proj.weight, drafter.confidence_head.proj.weight)
 
 
-def test_a_grown_drafter_drafts_exactly_as_before_and_its_new_parts_train(tiny, data_dir, tmp_path):
-    """More layers and a higher Markov rank start as no-ops (same draft logits and confidences), then train."""
-    from hf_dspark.training.trainer import build_drafter, grow_drafter
+def _trained_drafter(model, tok):
+    """A small vanilla drafter with perturbed ("trained") weights, to grow."""
+    from hf_dspark.training.trainer import build_drafter
 
-    model, tok = tiny
     drafter = build_drafter(model, tok, draft_token_ids=torch.arange(10, 40), markov_rank=8, target_layer_ids=[1, 3])
     with torch.no_grad():
         for p in drafter.parameters():
-            p.add_(0.05 * torch.randn_like(p))  # "trained"
+            p.add_(0.05 * torch.randn_like(p))
+    return drafter
+
+
+def _assert_same_training_outputs(model, data, a, b) -> None:
+    """a and b give the same KL and BCE losses and the same greedy matches on two sequences' anchors."""
+    seqs, gen = [data[i] for i in range(2)], torch.Generator().manual_seed(0)
+    ids, mask, _, anchors = pad_batch(seqs, [sample_anchors(m, 6, gen) for _, m in seqs], 0)
+    outs = [drafter_step_outputs(d, model, ids, mask, anchors, LossWeights()) for d in (a, b)]
+    for key in ("kl", "bce"):
+        torch.testing.assert_close(outs[1][0][key], outs[0][0][key], rtol=1e-5, atol=1e-6)
+    assert torch.equal(outs[1][2], outs[0][2])  # the same greedy matches
+
+
+def _train_three_steps(drafter, model, data, data_dir, tmp_path) -> None:
+    cfg = TrainConfig(str(data_dir), str(tmp_path / "o"), max_steps=3, num_anchors=6, lr=1e-3, warmup_ratio=0.0,
+                      eval_every=0, eval_sequences=0)
+    tr = Trainer(drafter, model, data, cfg, pad_id=0, log=lambda *_: None)
+    for _ in range(3):
+        tr.train_step()
+
+
+def test_a_grown_drafter_drafts_exactly_as_before_and_its_new_parts_train(tiny, data_dir, tmp_path):
+    """More layers and a higher Markov rank start as no-ops (same draft logits and confidences), then train."""
+    from hf_dspark.training.trainer import grow_drafter
+
+    model, tok = tiny
+    drafter = _trained_drafter(model, tok)
     grown = grow_drafter(drafter, model, num_hidden_layers=2, markov_rank=16)
     assert (grown.config.num_hidden_layers, grown.config.markov_rank) == (2, 16)
     assert torch.equal(grown.draft_target_ids(), drafter.draft_target_ids())
     data = TokenDataset(data_dir, model, tok)
-    seqs, gen = [data[i] for i in range(2)], torch.Generator().manual_seed(0)
-    ids, mask, _, anchors = pad_batch(seqs, [sample_anchors(m, 6, gen) for _, m in seqs], 0)
-    outs = [drafter_step_outputs(d, model, ids, mask, anchors, LossWeights()) for d in (drafter, grown)]
-    for key in ("kl", "bce"):
-        torch.testing.assert_close(outs[1][0][key], outs[0][0][key], rtol=1e-5, atol=1e-6)
-    assert torch.equal(outs[1][2], outs[0][2])  # the same greedy matches
+    _assert_same_training_outputs(model, data, drafter, grown)
     new_parts = {"layers.1.self_attn.o_proj.weight", "layers.1.mlp.down_proj.weight"}
     before = {n: p.detach().clone() for n, p in grown.named_parameters()}
-    cfg = TrainConfig(str(data_dir), str(tmp_path / "o"), max_steps=3, num_anchors=6, lr=1e-3, warmup_ratio=0.0,
-                      eval_every=0, eval_sequences=0)
-    tr = Trainer(grown, model, data, cfg, pad_id=0, log=lambda *_: None)
-    for _ in range(3):
-        tr.train_step()
+    _train_three_steps(grown, model, data, data_dir, tmp_path)
     params = dict(grown.named_parameters())
     assert all(not torch.equal(params[n], before[n]) for n in new_parts)
     assert params["markov_head.markov_w2.weight"][:, 8:].abs().sum() > 0
@@ -780,25 +797,17 @@ def test_a_vanilla_head_grown_gated_drafts_exactly_as_before_and_its_gate_trains
     """vanilla -> gated: a zero gate (g = 1/2) and W2 doubled give the same bias bit for bit; the gate then learns."""
     from hf_dspark.drafting import draft_tree
     from hf_dspark.processing import Processing
-    from hf_dspark.training.trainer import build_drafter, grow_drafter
+    from hf_dspark.training.trainer import grow_drafter
 
     model, tok = tiny
-    drafter = build_drafter(model, tok, draft_token_ids=torch.arange(10, 40), markov_rank=8, target_layer_ids=[1, 3])
-    with torch.no_grad():
-        for p in drafter.parameters():
-            p.add_(0.05 * torch.randn_like(p))  # "trained"
+    drafter = _trained_drafter(model, tok)
     grown = grow_drafter(drafter, model, markov_head_type="gated")
     assert grown.config.markov_head_type == "gated" and grown.config.markov_rank == 8
     prev, hidden = torch.randint(0, 64, (3, 5)), torch.randn(3, 5, model.config.hidden_size)
     assert torch.equal(grown.markov_bias(grown.markov_latent(prev, hidden)[0]),
                        drafter.markov_bias(drafter.markov_latent(prev, hidden)[0]))
     data = TokenDataset(data_dir, model, tok)
-    seqs, gen = [data[i] for i in range(2)], torch.Generator().manual_seed(0)
-    ids, mask, _, anchors = pad_batch(seqs, [sample_anchors(m, 6, gen) for _, m in seqs], 0)
-    outs = [drafter_step_outputs(d, model, ids, mask, anchors, LossWeights()) for d in (drafter, grown)]
-    for key in ("kl", "bce"):
-        torch.testing.assert_close(outs[1][0][key], outs[0][0][key], rtol=1e-5, atol=1e-6)
-    assert torch.equal(outs[1][2], outs[0][2])
+    _assert_same_training_outputs(model, data, drafter, grown)
     # the same tree at inference (the gate reads each slot's hidden state)
     ctx = torch.randn(1, 6, drafter.fc.in_features)
     pos = torch.arange(6)[None]
@@ -809,11 +818,7 @@ def test_a_vanilla_head_grown_gated_drafts_exactly_as_before_and_its_gate_trains
                                 Processing([], do_sample=False), None, True, depth=4, size=9).tree)
     assert torch.equal(trees[0].tokens, trees[1].tokens) and torch.equal(trees[0].parents, trees[1].parents)
     before = grown.markov_head.gate_proj.weight.detach().clone()
-    cfg = TrainConfig(str(data_dir), str(tmp_path / "o"), max_steps=3, num_anchors=6, lr=1e-3, warmup_ratio=0.0,
-                      eval_every=0, eval_sequences=0)
-    tr = Trainer(grown, model, data, cfg, pad_id=0, log=lambda *_: None)
-    for _ in range(3):
-        tr.train_step()
+    _train_three_steps(grown, model, data, data_dir, tmp_path)
     assert not torch.equal(grown.markov_head.gate_proj.weight, before)
 
 
