@@ -34,8 +34,8 @@ through `hf_dspark.candidate_generator.DSparkCandidateGenerator`.
 
 from __future__ import annotations
 
-import math
 import inspect
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any

@@ -228,18 +228,17 @@ def grow_drafter(
     layers = cfg.num_hidden_layers if num_hidden_layers is None else num_hidden_layers
     rank = cfg.markov_rank if markov_rank is None else markov_rank
     head_type = cfg.markov_head_type if markov_head_type is None else markov_head_type
+    own_head = cfg.markov_head_type if cfg.markov_rank else "none, a DFlash drafter"
     if layers < cfg.num_hidden_layers or rank < cfg.markov_rank:
         raise ValueError(f"Growing a drafter of {cfg.num_hidden_layers} layers and Markov rank {cfg.markov_rank} to "
                          f"{layers} layers and rank {rank} would shrink it; give at least its own sizes.")
     if rank > cfg.markov_rank and (cfg.markov_rank == 0 or cfg.markov_head_type != "vanilla"):
-        raise ValueError(f"Only a vanilla Markov head's rank can grow (this drafter's head: "
-                         f"{cfg.markov_head_type if cfg.markov_rank else 'none, a DFlash drafter'}); "
+        raise ValueError(f"Only a vanilla Markov head's rank can grow (this drafter's head: {own_head}); "
                          "train a new drafter with --markov-rank instead of --init.")
     gating = head_type != cfg.markov_head_type
     if gating and (cfg.markov_rank == 0 or (cfg.markov_head_type, head_type) != ("vanilla", "gated")):
-        raise ValueError(f"A Markov head can only grow from vanilla to gated (this drafter's head: "
-                         f"{cfg.markov_head_type if cfg.markov_rank else 'none, a DFlash drafter'}; asked: {head_type}); "
-                         "train a new drafter with --markov-head-type instead of --init.")
+        raise ValueError(f"A Markov head can only grow from vanilla to gated (this drafter's head: {own_head}; asked: "
+                         f"{head_type}); train a new drafter with --markov-head-type instead of --init.")
     new = DSparkDrafter(DSparkConfig.from_dict(
         {**cfg.to_dict(), "num_hidden_layers": layers, "markov_rank": rank, "markov_head_type": head_type}
     )).float()
