@@ -40,7 +40,9 @@
 #            prepare_gpu_payload.sh's INIT_DRAFTER) or fresh (LAYERS layers); flags, comma-separated: dflash for the
 #            DFlash twin, ce to add cross-entropy on the greedy labels to the KL (--ce-weight 1.0: +0.04 summed tau
 #            over KL alone when continuing on self-distilled data, session 33), cet for the same against the target's
-#            argmax (--ce-label target; for sampled answers, whose tokens are not the greedy labels).
+#            argmax (--ce-label target; for sampled answers, whose tokens are not the greedy labels); gated for a gated
+#            Markov head (--markov-head-type gated: a fresh gated drafter, or an init drafter's vanilla head grown
+#            into one that drafts exactly as before).
 #   export   each drafter cast to bf16 (one model.safetensors, read back bit for bit); the one that comes back is a
 #            tar cut into 15 MiB pieces (the device returns files of <= 16 MiB; a 16384-row lm_head alone is 18 MiB).
 #   eval     `eval-tau` (greedy, bf16, full block, block 7) of every variant (and BASELINE, a drafter folder or
@@ -102,7 +104,7 @@ OUT="$(cd "$OUT" && pwd)"
 LOG="$OUT/run.log"
 log() { echo "[train_on_gpu +$(($(date +%s) - T0))s] $*" | tee -a "$LOG"; }
 die() { log "FAILED: $*"; exit 1; }
-# the train flags of one variant's comma-separated flags field (dflash, ce, cet); an unknown flag: a message on stderr, rc 1
+# the train flags of one variant's comma-separated flags field (dflash, ce, cet, gated); an unknown flag: a message on stderr, rc 1
 variant_flags() {
     local flag
     for flag in ${1//,/ }; do
@@ -110,7 +112,8 @@ variant_flags() {
             dflash) echo --dflash ;;
             ce) echo --ce-weight 1.0 ;;
             cet) echo --ce-weight 1.0 --ce-label target ;;
-            *) echo "unknown flag '$flag' in VARIANTS (name:lr:init:flags, flags from dflash,ce,cet)" >&2; return 1 ;;
+            gated) echo --markov-head-type gated ;;
+            *) echo "unknown flag '$flag' in VARIANTS (name:lr:init:flags, flags from dflash,ce,cet,gated)" >&2; return 1 ;;
         esac
     done
 }

@@ -578,6 +578,15 @@ def test_train_refuses_shape_options_beside_init_by_name(tmp_path):
         args.func(args)
 
 
+def test_train_refuses_markov_head_options_beside_dflash_by_name(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_subcommands(parser.add_subparsers(dest="cmd"))
+    args = parser.parse_args(["train", "--data", str(tmp_path), "--out", str(tmp_path / "o"), "--dflash",
+                              "--markov-head-type", "gated"])
+    with pytest.raises(SystemExit, match="--markov-head-type describes a Markov head, and --dflash trains a drafter without"):
+        args.func(args)
+
+
 # ------------------------------------------------------------------------------------------------ real target
 @pytest.mark.real
 def test_short_smollm2_training_raises_tau_above_the_untrained_drafter(tmp_path):

@@ -257,6 +257,10 @@ def _train(args) -> int:
         raise SystemExit(f"{', '.join(shaped)} describe a new drafter's shape; --init {args.init} already has one. Leave "
                          "them out to continue that drafter (its config says its shape), or drop --init for a new one. "
                          "(--layers, --markov-rank and --markov-head-type gated beside --init grow it.)")
+    if args.dflash and (markov := [f"--{k.replace('_', '-')}" for k in ("markov_rank", "markov_head_type") if getattr(args, k) is not None]):
+        several = len(markov) > 1
+        raise SystemExit(f"{', '.join(markov)} {'describe' if several else 'describes'} a Markov head, and --dflash trains "
+                         f"a drafter without one. Drop {'them' if several else 'it'} for the DFlash twin, or --dflash for DSpark.")
     grow = {k: getattr(args, k) for k in growable} if args.init else {}
     for k, v in _SHAPE_DEFAULTS.items():
         setattr(args, k, v if getattr(args, k) is None else getattr(args, k))
