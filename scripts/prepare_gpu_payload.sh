@@ -58,8 +58,10 @@ die() { echo "prepare_gpu_payload: $*" >&2; exit 1; }
 [ -x "$PY" ] || die "no python at $PY (make install, or set PYTHON)"
 
 # 1. .gpu/ and .whl/ must be git-ignored, else they would travel in every call
+exclude="$(git rev-parse --git-path info/exclude)"  # .git/info/exclude, or the main checkout's from a git worktree
+mkdir -p "$(dirname "$exclude")"
 for p in /.gpu/ /.whl/; do
-    grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >>.git/info/exclude
+    grep -qxF "$p" "$exclude" 2>/dev/null || echo "$p" >>"$exclude"
 done
 mkdir -p "$BUILD" "$WHL"
 
