@@ -4,7 +4,7 @@
 set -euo pipefail
 cd /work/main
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
-R=/work/runs/s58
+R=${R:-/work/runs/s58}  # holds data-aw/: hf-dspark make-data --as-written --prompts sharegpt --out $R/data-aw
 MIN=${MIN:-90}
 COMMON="--data $R/data-aw --eval-sequences 8 --layers 2 --draft-vocab-size 16384 --ce-weight 1.0 --ce-label target \
   --batch-size 4 --num-anchors 128 --lr 1e-3 --warmup-ratio 0.03 --max-steps 100000 --schedule-minutes $MIN \
