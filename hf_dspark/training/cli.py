@@ -253,11 +253,11 @@ def _train(args) -> int:
     )
 
     growable = ("layers", "markov_rank", "markov_head_type")  # with --init: grow that drafter (trainer.grow_drafter)
-    if args.init and (shaped := [f"--{k.replace('_', '-')}" for k in _SHAPE_DEFAULTS if k not in growable and getattr(args, k) is not None]):
+    if args.init and (shaped := _options_given(args, [k for k in _SHAPE_DEFAULTS if k not in growable])):
         raise SystemExit(f"{', '.join(shaped)} describe a new drafter's shape; --init {args.init} already has one. Leave "
                          "them out to continue that drafter (its config says its shape), or drop --init for a new one. "
                          "(--layers, --markov-rank and --markov-head-type gated beside --init grow it.)")
-    if args.dflash and (markov := [f"--{k.replace('_', '-')}" for k in ("markov_rank", "markov_head_type") if getattr(args, k) is not None]):
+    if args.dflash and (markov := _options_given(args, ["markov_rank", "markov_head_type"])):
         several = len(markov) > 1
         raise SystemExit(f"{', '.join(markov)} {'describe' if several else 'describes'} a Markov head, and --dflash trains "
                          f"a drafter without one. Drop {'them' if several else 'it'} for the DFlash twin, or --dflash for DSpark.")
@@ -412,6 +412,11 @@ def _loop_config(args) -> dict:
 
 def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _options_given(args, names: list[str]) -> list[str]:
+    """The command-line spellings (--markov-rank) of the options among `names` (args attributes) that were given."""
+    return [f"--{k.replace('_', '-')}" for k in names if getattr(args, k) is not None]
 
 
 # A new drafter's shape (None on the command line = not given; refused with --init, which brings its own).
