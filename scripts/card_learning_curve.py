@@ -9,6 +9,13 @@ and CPU-hours) and draws it as `learning_curve.png`, one line per run. A run res
         --label "held-out: 26 new ShareGPT answers; fresh data only"
 
 Without `--append` it only redraws the figure from the JSON.
+
+The card also keeps the real measure, greedy chain tau on the eval sets (`eval-tau --copy-ngram 0`, 40 prompts per
+set) against cumulative training tokens, in `eval_curve.json`, drawn as `eval_curve.png` with a least-squares fit of
+tau against log(tokens) per set, extended to the goals. A session that ships adds its row with `--add-eval`:
+
+    python scripts/card_learning_curve.py --card model_cards/dspark-smollm2-135m-instruct \
+        --add-eval "session 59 (mean of runs A and B)" 37.0 34.6 2.75 2.66 2.08
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 from pathlib import Path
 
 from hf_dspark.io_utils import atomic_path, write_json_atomic
@@ -93,6 +101,77 @@ def draw(points: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+EVAL_SETS = ("gsm8k", "humaneval", "mtbench")
+
+
+def fit_log_tokens(rows: list[dict], min_prompts: int = 40) -> dict[str, tuple[float, float]]:
+    """Per eval set, the least-squares line tau = a + b * ln(tokens in millions) over the rows measured on at least
+    `min_prompts` prompts per set: {set: (a, b)}."""
+    rows = [r for r in rows if r["prompts"] >= min_prompts]
+    if len({r["tokens_m"] for r in rows}) < 2:
+        raise SystemExit(f"fitting needs rows at two or more token counts measured on >= {min_prompts} prompts")
+    xs = [math.log(r["tokens_m"]) for r in rows]
+    mx = sum(xs) / len(xs)
+    fits = {}
+    for name in EVAL_SETS:
+        ys = [r[name] for r in rows]
+        my = sum(ys) / len(ys)
+        b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        fits[name] = (my - b * mx, b)
+    return fits
+
+
+def tokens_for(tau: float, fit: tuple[float, float]) -> float:
+    """Millions of training tokens at which the fitted line reaches `tau` (inf where it never rises)."""
+    a, b = fit
+    return math.exp((tau - a) / b) if b > 0 else math.inf
+
+
+def fit_report(curve: dict) -> str:
+    """One line per eval set: the fit's gain per doubling of tokens, and the tokens at which it reaches the goal."""
+    fits = fit_log_tokens(curve["rows"])
+    last = curve["rows"][-1]
+    lines = [f"tau against ln(training tokens), rows measured on >= 40 prompts; now {last['tokens_m']:.1f}M tokens:"]
+    for name in EVAL_SETS:
+        goal, need = curve["goals"][name], tokens_for(curve["goals"][name], fits[name])
+        reached = ("reached" if last[name] >= goal else "the fit does not rise" if math.isinf(need)
+                   else f"the fit reaches it at ~{need:.0f}M tokens")
+        lines.append(f"  {name}: {last[name]:.2f} now, +{fits[name][1] * math.log(2):.3f} per doubling; "
+                     f"goal {goal}: {reached}")
+    return "\n".join(lines)
+
+
+def draw_eval(curve: dict, path: Path, title: str) -> None:
+    """Eval-set chain tau against cumulative training tokens (log axis), the fits extended to the goals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, fits = curve["rows"], fit_log_tokens(curve["rows"])
+    fig, ax = plt.subplots(figsize=(7.5, 5.0))
+    for name, color in zip(EVAL_SETS, ("C0", "C1", "C2")):
+        for fitted in (True, False):  # rows on fewer prompts are drawn hollow and left out of the fit
+            part = [r for r in rows if (r["prompts"] >= 40) == fitted]
+            ax.plot([r["tokens_m"] for r in part], [r[name] for r in part], "o", color=color, ms=4,
+                    mfc=color if fitted else "none", label=name if fitted else None)
+        goal = curve["goals"][name]
+        end = min(max(tokens_for(goal, fits[name]), rows[-1]["tokens_m"]) * 1.1, 1000.0)
+        xs = [rows[0]["tokens_m"] * (end / rows[0]["tokens_m"]) ** (i / 50) for i in range(51)]
+        ax.plot(xs, [fits[name][0] + fits[name][1] * math.log(x) for x in xs], "-", color=color, alpha=0.5)
+        ax.axhline(goal, color=color, ls="--", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("cumulative training tokens (millions, log scale)")
+    ax.set_ylabel("greedy chain tau, drafter alone (40 prompts per set; hollow: 10)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(title="points, fit (solid), goal (dashed)", fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--card", type=Path, required=True, help="model card folder with learning_curve.json")
@@ -107,6 +186,10 @@ def main() -> None:
                     help="history.json of each other run averaged with this one (scripts/soup_drafters.py): their "
                          "training seconds count in the CPU-hours (each on --cores), their tokens are printed")
     ap.add_argument("--title", default="DSpark drafter for SmolLM2-135M-Instruct, trained on a 2-core CPU")
+    ap.add_argument("--add-eval", nargs=6, default=None, metavar=("WHAT", "TOKENS_M", "CPU_HOURS", "GSM8K", "HUMANEVAL",
+                                                                    "MTBENCH"),
+                    help="add the shipped weights' row to eval_curve.json: what they are, cumulative training tokens "
+                         "(millions), CPU-hours, and chain tau without copies over 40 prompts per set")
     args = ap.parse_args()
     curve = args.card / "learning_curve.json"
     points = json.loads(curve.read_text())
@@ -124,6 +207,21 @@ def main() -> None:
                             soup_seconds)
         write_json_atomic(curve, points)
     draw(points, args.card / "learning_curve.png", args.title)
+    evals_path = args.card / "eval_curve.json"
+    if args.add_eval and not evals_path.exists():
+        ap.error(f"--add-eval: {evals_path} does not exist")
+    if evals_path.exists():
+        evals = json.loads(evals_path.read_text())
+        if args.add_eval:
+            what, *numbers = args.add_eval
+            tokens_m, cpu_hours, *taus = (float(x) for x in numbers)
+            if tokens_m <= evals["rows"][-1]["tokens_m"]:
+                ap.error(f"--add-eval: {tokens_m}M tokens is not past the last row's {evals['rows'][-1]['tokens_m']}M")
+            evals["rows"].append({"what": what, "tokens_m": tokens_m, "cpu_hours": cpu_hours, "prompts": 40,
+                                  **dict(zip(EVAL_SETS, taus))})
+            write_json_atomic(evals_path, evals)
+        draw_eval(evals, args.card / "eval_curve.png", args.title)
+        print(fit_report(evals))
     last = points[-1]
     print(f"{len(points)} points; last: session {last['session']}, {last['tokens_seen'] / 1e6:.1f}M tokens, "
           f"{last['cpu_hours']:.1f} CPU-hours, {last.get('gpu_seconds', 0):.0f} GPU-seconds, held-out tau {last['eval_tau_tf']:.2f}")

@@ -994,6 +994,29 @@ def test_card_learning_curve_counts_a_new_run_on_from_the_last_point(tmp_path):
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_card_eval_curve_fits_tau_against_log_tokens_and_says_where_it_reaches_the_goal(tmp_path):
+    import math
+
+    mod = _script("card_learning_curve")
+    # tau = 2 + 0.5 ln(tokens) on gsm8k, flat on mtbench; the 10-prompt row is off the line and must not be fitted
+    rows = [{"what": "early", "tokens_m": 1.0, "cpu_hours": 1, "prompts": 10, "gsm8k": 9.0, "humaneval": 9.0,
+             "mtbench": 9.0}]
+    rows += [{"what": f"s{t}", "tokens_m": t, "cpu_hours": t, "prompts": 40, "gsm8k": 2 + 0.5 * math.log(t),
+              "humaneval": 3.0, "mtbench": 1.5} for t in (1.5, 2.0, 4.0)]
+    fits = mod.fit_log_tokens(rows)
+    assert fits["gsm8k"] == pytest.approx((2.0, 0.5)) and fits["mtbench"] == pytest.approx((1.5, 0.0))
+    assert mod.tokens_for(3.0, fits["gsm8k"]) == pytest.approx(math.e ** 2)
+    assert mod.tokens_for(2.2, fits["mtbench"]) == math.inf
+    curve = {"goals": {"gsm8k": 3.0, "humaneval": 2.5, "mtbench": 2.2}, "rows": rows}
+    report = mod.fit_report(curve)
+    assert "gsm8k: 2.69 now" in report and "humaneval: 3.00 now" in report and "goal 2.5: reached" in report
+    assert "~7M tokens" in report.splitlines()[1] and "goal 2.2: the fit does not rise" in report
+    mod.draw_eval(curve, tmp_path / "eval.png", "test")
+    assert (tmp_path / "eval.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit, match="two or more token counts"):
+        mod.fit_log_tokens(rows[:2])
+
+
 def test_domain_prompts_add_method_stubs_without_changing_the_earlier_list():
     import ast
 
