@@ -15,7 +15,7 @@ set) against cumulative training tokens, in `eval_curve.json`, drawn as `eval_cu
 tau against log(tokens) per set, extended to the goals. A session that ships adds its row with `--add-eval`:
 
     python scripts/card_learning_curve.py --card model_cards/dspark-smollm2-135m-instruct \
-        --add-eval "session 59 (mean of runs A and B)" 37.0 34.6 2.75 2.66 2.08
+        --add-eval "session 59 (0.75 x session 52's weights + 0.125 x runs A and B)" 35.5 34.5 2.705 2.668 2.085
 """
 
 from __future__ import annotations
@@ -102,14 +102,15 @@ def draw(points: list[dict], path: Path, title: str) -> None:
 
 
 EVAL_SETS = ("gsm8k", "humaneval", "mtbench")
+FIT_MIN_PROMPTS = 40  # rows measured on fewer prompts per set are drawn, not fitted
 
 
-def fit_log_tokens(rows: list[dict], min_prompts: int = 40) -> dict[str, tuple[float, float]]:
+def fit_log_tokens(rows: list[dict]) -> dict[str, tuple[float, float]]:
     """Per eval set, the least-squares line tau = a + b * ln(tokens in millions) over the rows measured on at least
-    `min_prompts` prompts per set: {set: (a, b)}."""
-    rows = [r for r in rows if r["prompts"] >= min_prompts]
+    FIT_MIN_PROMPTS prompts per set: {set: (a, b)}."""
+    rows = [r for r in rows if r["prompts"] >= FIT_MIN_PROMPTS]
     if len({r["tokens_m"] for r in rows}) < 2:
-        raise SystemExit(f"fitting needs rows at two or more token counts measured on >= {min_prompts} prompts")
+        raise SystemExit(f"fitting needs rows at two or more token counts measured on >= {FIT_MIN_PROMPTS} prompts")
     xs = [math.log(r["tokens_m"]) for r in rows]
     mx = sum(xs) / len(xs)
     fits = {}
@@ -131,7 +132,8 @@ def fit_report(curve: dict) -> str:
     """One line per eval set: the fit's gain per doubling of tokens, and the tokens at which it reaches the goal."""
     fits = fit_log_tokens(curve["rows"])
     last = curve["rows"][-1]
-    lines = [f"tau against ln(training tokens), rows measured on >= 40 prompts; now {last['tokens_m']:.1f}M tokens:"]
+    lines = [f"tau against ln(training tokens), rows measured on >= {FIT_MIN_PROMPTS} prompts; "
+             f"now {last['tokens_m']:.1f}M tokens:"]
     for name in EVAL_SETS:
         goal, need = curve["goals"][name], tokens_for(curve["goals"][name], fits[name])
         reached = ("reached" if last[name] >= goal else "the fit does not rise" if math.isinf(need)
@@ -152,7 +154,7 @@ def draw_eval(curve: dict, path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 5.0))
     for name, color in zip(EVAL_SETS, ("C0", "C1", "C2")):
         for fitted in (True, False):  # rows on fewer prompts are drawn hollow and left out of the fit
-            part = [r for r in rows if (r["prompts"] >= 40) == fitted]
+            part = [r for r in rows if (r["prompts"] >= FIT_MIN_PROMPTS) == fitted]
             ax.plot([r["tokens_m"] for r in part], [r[name] for r in part], "o", color=color, ms=4,
                     mfc=color if fitted else "none", label=name if fitted else None)
         goal = curve["goals"][name]
@@ -162,7 +164,7 @@ def draw_eval(curve: dict, path: Path, title: str) -> None:
         ax.axhline(goal, color=color, ls="--", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("cumulative training tokens (millions, log scale)")
-    ax.set_ylabel("greedy chain tau, drafter alone (40 prompts per set; hollow: 10)")
+    ax.set_ylabel(f"greedy chain tau, drafter alone ({FIT_MIN_PROMPTS} prompts per set; hollow: fewer)")
     ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
     ax.legend(title="points, fit (solid), goal (dashed)", fontsize=8)
@@ -189,7 +191,7 @@ def main() -> None:
     ap.add_argument("--add-eval", nargs=6, default=None, metavar=("WHAT", "TOKENS_M", "CPU_HOURS", "GSM8K", "HUMANEVAL",
                                                                     "MTBENCH"),
                     help="add the shipped weights' row to eval_curve.json: what they are, cumulative training tokens "
-                         "(millions), CPU-hours, and chain tau without copies over 40 prompts per set")
+                         f"(millions), CPU-hours, and chain tau without copies over {FIT_MIN_PROMPTS} prompts per set")
     args = ap.parse_args()
     curve = args.card / "learning_curve.json"
     points = json.loads(curve.read_text())
@@ -217,8 +219,8 @@ def main() -> None:
             tokens_m, cpu_hours, *taus = (float(x) for x in numbers)
             if tokens_m <= evals["rows"][-1]["tokens_m"]:
                 ap.error(f"--add-eval: {tokens_m}M tokens is not past the last row's {evals['rows'][-1]['tokens_m']}M")
-            evals["rows"].append({"what": what, "tokens_m": tokens_m, "cpu_hours": cpu_hours, "prompts": 40,
-                                  **dict(zip(EVAL_SETS, taus))})
+            evals["rows"].append({"what": what, "tokens_m": tokens_m, "cpu_hours": cpu_hours,
+                                  "prompts": FIT_MIN_PROMPTS, **dict(zip(EVAL_SETS, taus))})
             write_json_atomic(evals_path, evals)
         draw_eval(evals, args.card / "eval_curve.png", args.title)
         print(fit_report(evals))
