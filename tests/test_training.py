@@ -347,6 +347,52 @@ def test_resume_with_other_max_steps_is_refused(tiny, data_dir, tmp_path):
         other.load_checkpoint()
 
 
+def test_ema_of_the_weights_is_evaluated_exported_and_resumed_while_training_moves_the_live_weights(tiny, data_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    model, tok = tiny
+    tr = _trainer(model, tok, data_dir, tmp_path / "e", lr=3e-3, ema_decay=0.5)
+    expected = [p.detach().clone() for p in tr.params]  # the average starts at the initial weights
+    for _ in range(3):
+        tr.train_step()
+        expected = [0.5 * e + 0.5 * p.detach() for e, p in zip(expected, tr.params)]
+    for avg, e, p in zip(tr.ema, expected, tr.params):
+        assert torch.allclose(avg, e, atol=1e-6)
+    assert any(not torch.equal(avg, p) for avg, p in zip(tr.ema, tr.params))
+    live = [p.detach().clone() for p in tr.params]
+    with tr.averaged_weights():
+        averaged_eval = tr.evaluate()["eval_tau_tf"]
+        assert all(torch.equal(p, avg) for p, avg in zip(tr.params, tr.ema))
+    assert all(torch.equal(p, w) for p, w in zip(tr.params, live))  # the live weights come back
+    assert tr._record({})["eval_tau_tf"] == averaged_eval  # the learning curve measures the average
+    tr.save_checkpoint()
+    exported = load_file(str(tmp_path / "e" / "drafter" / "model.safetensors"))
+    shared = [(name, avg) for name, avg in zip(tr.param_names, tr.ema) if name in exported]
+    assert len(shared) >= len(tr.params) // 2
+    for name, avg in shared:
+        assert torch.allclose(exported[name].float(), avg, atol=1e-6), name
+    assert all(torch.equal(p, w) for p, w in zip(tr.params, live))
+
+    resumed = _trainer(model, tok, data_dir, tmp_path / "e", seed=99, lr=3e-3, ema_decay=0.5)
+    assert resumed.load_checkpoint()
+    assert all(torch.equal(a, b) for a, b in zip(resumed.ema, tr.ema))
+    tr.train_step(), resumed.train_step()
+    assert all(torch.equal(a, b) for a, b in zip(resumed.ema, tr.ema))
+    other = _trainer(model, tok, data_dir, tmp_path / "e", ema_decay=0.9)
+    with pytest.raises(ValueError, match="--ema-decay"):
+        other.load_checkpoint()
+
+
+def test_ema_decay_outside_0_1_is_refused_by_name(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_subcommands(parser.add_subparsers(dest="cmd"))
+    args = parser.parse_args(["train", "--data", str(tmp_path), "--out", str(tmp_path / "o"), "--ema-decay", "1.0"])
+    from hf_dspark.training.cli import _loop_config
+
+    with pytest.raises(SystemExit, match=r"--ema-decay 1.0 must be in \[0, 1\)"):
+        _loop_config(args)
+
+
 def test_a_time_spanned_schedule_follows_training_time_and_ends_the_run(tiny, data_dir, tmp_path):
     model, tok = tiny
     tr = _trainer(model, tok, data_dir, tmp_path / "s", schedule_minutes=1.0, warmup_ratio=0.25)

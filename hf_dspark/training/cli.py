@@ -364,6 +364,10 @@ def _add_loop_args(p, *, max_steps: int, lr: float, eval_every: int, eval_sequen
                         "current drafter starts them (after each rejection; needs greedy self-distilled data; a "
                         "no-grad pass over every position per step)")
     p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--ema-decay", type=float, default=0.0, metavar="D",
+                   help="keep a moving average of the weights (avg <- D x avg + (1 - D) x weights after every step, "
+                   "starting from the initial weights) and evaluate and export it instead of the last weights; e.g. "
+                   "0.999 averages over ~1000 steps (default 0: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-minutes", type=float, default=5.0)
     p.add_argument("--eval-every", type=int, default=eval_every, help="steps between held-out tau evaluations (0 = at the end)")
@@ -394,6 +398,9 @@ def _loop_config(args) -> dict:
 
     if args.schedule_minutes is not None and args.schedule_minutes <= 0:
         raise SystemExit(f"--schedule-minutes {args.schedule_minutes} must be a positive number of minutes.")
+    if not 0.0 <= args.ema_decay < 1.0:
+        raise SystemExit(f"--ema-decay {args.ema_decay} must be in [0, 1): e.g. 0.999 to average over ~1000 steps, "
+                         "or 0 to turn the average off.")
     return dict(
         data_dir=args.data,
         out_dir=args.out,
@@ -407,6 +414,7 @@ def _loop_config(args) -> dict:
         eval_sequences=args.eval_sequences,
         stop_at=time.time() + 60 * args.time_budget_min if args.time_budget_min else None,
         schedule_minutes=args.schedule_minutes,
+        ema_decay=args.ema_decay,
     )
 
 

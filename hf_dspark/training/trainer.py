@@ -19,6 +19,7 @@ rank 0 writes checkpoints. Here it runs as one CPU process.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -63,6 +64,7 @@ class TrainConfig:
     eval_sequences: int = 8  # last sequences of the data held out from training (of the Trainer's eval_dataset if given)
     stop_at: float | None = None  # unix time: checkpoint and stop (the schedule is not shortened)
     schedule_minutes: float | None = None  # the warmup + cosine span this much training time (max_steps: a cap)
+    ema_decay: float = 0.0  # > 0: keep an exponential moving average of the weights; evaluated and exported instead
     losses: LossWeights = field(default_factory=LossWeights)
 
 
@@ -70,6 +72,7 @@ def write_state(path: Path, state: dict) -> None:
     """A trainer state (`Trainer.state_dict()`) as one safetensors file, atomically: the drafter's weights, the
     optimizer's tensors and the torch RNG state as tensors, everything else as JSON in the metadata."""
     tensors = {f"drafter.{k}": v.contiguous() for k, v in state["drafter"].items()}
+    tensors.update({f"ema.{k}": v.contiguous() for k, v in state.get("ema", {}).items()})
     opt = state["optimizer"]
     per_param: dict[str, dict] = {}
     for idx, slots in opt["state"].items():
@@ -81,7 +84,7 @@ def write_state(path: Path, state: dict) -> None:
                 per_param[str(idx)][key] = value
     tensors["rng.torch"] = state["rng"]["torch"]
     version, internal, gauss = state["rng"]["python"]
-    meta = {k: v for k, v in state.items() if k not in ("drafter", "optimizer", "rng")}
+    meta = {k: v for k, v in state.items() if k not in ("drafter", "ema", "optimizer", "rng")}
     meta.update(optimizer={"param_groups": opt["param_groups"], "scalars": per_param},
                 rng_python=[version, list(internal), gauss])
     with atomic_path(path) as tmp:
@@ -94,17 +97,19 @@ def read_state(path: Path) -> dict:
         meta = json.loads(f.metadata()["trainer_state"])
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     opt_state: dict[int, dict] = {int(i): dict(v) for i, v in meta["optimizer"]["scalars"].items()}
-    drafter = {}
+    drafter, ema = {}, {}
     for key, value in tensors.items():
         kind, _, rest = key.partition(".")
         if kind == "drafter":
             drafter[rest] = value
+        elif kind == "ema":
+            ema[rest] = value
         elif kind == "optimizer":
             idx, _, slot = rest.partition(".")
             opt_state.setdefault(int(idx), {})[slot] = value
     version, internal, gauss = meta.pop("rng_python")
     optimizer = {"state": opt_state, "param_groups": meta.pop("optimizer")["param_groups"]}
-    return {**meta, "drafter": drafter, "optimizer": optimizer,
+    return {**meta, "drafter": drafter, "ema": ema, "optimizer": optimizer,
             "rng": {"torch": tensors["rng.torch"], "python": (version, tuple(internal), gauss)}}
 
 
@@ -431,7 +436,10 @@ class Trainer:
         self.device = target.device
         freeze_target(target)
         drafter.train()
-        self.params = [p for p in drafter.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in drafter.named_parameters() if p.requires_grad]
+        self.param_names, self.params = [n for n, _ in named], [p for _, p in named]
+        # fp32 like the master weights; starts at the initial weights, so a short run's average keeps part of --init
+        self.ema = [p.detach().clone() for p in self.params] if config.ema_decay else None
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
         self.elapsed = 0.0  # training seconds (saved in checkpoints; a time-spanned schedule reads it)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -530,6 +538,9 @@ class Trainer:
         gnorm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
+        if self.ema is not None:  # ema <- decay * ema + (1 - decay) * weights
+            for avg, p in zip(self.ema, self.params):
+                avg.lerp_(p.detach(), 1.0 - self.cfg.ema_decay)
         self.step += 1
         # counted on this rank, scaled by the number of ranks (each takes as many sequences)
         self.tokens_seen += self.world * int(sum(len(self.data[i][0]) for i in idx))
@@ -609,10 +620,25 @@ class Trainer:
             "eval_prefix_accept_per_position": per_pos,
         }
 
+    @contextlib.contextmanager
+    def averaged_weights(self):
+        """The moving average of the weights in place of the trained ones while the block runs (with --ema-decay;
+        otherwise nothing changes): what evaluation measures and what the exported drafter holds."""
+        if self.ema is None:
+            yield
+            return
+        trained = [p.detach().clone() for p in self.params]
+        _copy_into(self.params, self.ema)
+        try:
+            yield
+        finally:
+            _copy_into(self.params, trained)
+
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
         return {
-            "drafter": {n: p.detach().clone() for n, p in self.drafter.named_parameters() if p.requires_grad},
+            "drafter": {n: p.detach().clone() for n, p in zip(self.param_names, self.params)},
+            "ema": dict(zip(self.param_names, self.ema)) if self.ema is not None else {},
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
@@ -635,7 +661,8 @@ class Trainer:
                     raise OSError(exc.errno, f"Disk full while writing {self.state_path} (the previous checkpoint is "
                                   "intact); free space and rerun the same command to resume from it.") from exc
                 raise
-            self.export(self.out)
+            with self.averaged_weights():
+                self.export(self.out)
             write_json_atomic(self.out / "history.json", self.history)
         if self.acc is not None:
             self.acc.wait_for_everyone()
@@ -653,8 +680,9 @@ class Trainer:
             state = read_state(self.state_path)
         except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same advice
             raise ValueError(f"{self.state_path} is unreadable ({exc}); delete it to restart training from scratch.") from None
-        for field_name in ("max_steps", "schedule_minutes"):  # the schedule depends on both
-            if state["train_config"].get(field_name) != getattr(self.cfg, field_name):
+        defaults = {"ema_decay": 0.0}  # checkpoints written before the field existed
+        for field_name in ("max_steps", "schedule_minutes", "ema_decay"):  # the schedule and the average depend on them
+            if state["train_config"].get(field_name, defaults.get(field_name)) != getattr(self.cfg, field_name):
                 raise ValueError(
                     f"{self.state_path} was trained with --{field_name.replace('_', '-')} "
                     f"{state['train_config'].get(field_name)}; resume with the same value (the schedule depends on it) "
@@ -665,6 +693,8 @@ class Trainer:
             raise ValueError(
                 f"{self.state_path} holds weights of another drafter ({result.unexpected_keys[:3]}...); use a new --out."
             )
+        if self.ema is not None:
+            _copy_into(self.ema, [state["ema"][n] for n in self.param_names])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         for k in ("step", "epoch", "cursor", "tokens_seen", "blocks_seen", "elapsed", "history"):
@@ -728,8 +758,9 @@ class Trainer:
             "blocks_seen": self.blocks_seen,
             "train_seconds": round(self.elapsed, 1),
             **{f"train_{k}": v for k, v in stats.items()},
-            **self.evaluate(),
         }
+        with self.averaged_weights():
+            entry.update(self.evaluate())
         self.history.append(entry)
         write_json_atomic(self.out / "history.json", self.history)
         shown = [("loss", stats.get("loss"), ".4f"), ("held-out tau_tf", entry.get("eval_tau_tf"), ".3f"),
@@ -737,6 +768,12 @@ class Trainer:
         self.log(f"[train] step {self.step}: tokens {self.tokens_seen}, "
                  + ", ".join(f"{name} {'-' if value is None else format(value, spec)}" for name, value, spec in shown))
         return entry
+
+
+@torch.no_grad()
+def _copy_into(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    for d, s in zip(dst, src):
+        d.copy_(s)
 
 
 def plot_learning_curve(history: list[dict], path: str | os.PathLike, title: str = "DSpark drafter") -> None:
