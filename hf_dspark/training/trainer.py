@@ -680,13 +680,12 @@ class Trainer:
             state = read_state(self.state_path)
         except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same advice
             raise ValueError(f"{self.state_path} is unreadable ({exc}); delete it to restart training from scratch.") from None
-        defaults = {"ema_decay": 0.0}  # checkpoints written before the field existed
+        saved = {"ema_decay": 0.0, **state["train_config"]}  # checkpoints written before the field existed: off
         for field_name in ("max_steps", "schedule_minutes", "ema_decay"):  # the schedule and the average depend on them
-            if state["train_config"].get(field_name, defaults.get(field_name)) != getattr(self.cfg, field_name):
+            if saved.get(field_name) != getattr(self.cfg, field_name):
                 raise ValueError(
-                    f"{self.state_path} was trained with --{field_name.replace('_', '-')} "
-                    f"{state['train_config'].get(field_name)}; resume with the same value (the schedule depends on it) "
-                    "or use a new --out."
+                    f"{self.state_path} was trained with --{field_name.replace('_', '-')} {saved.get(field_name)}; "
+                    "resume with the same value (the run's schedule and average depend on it) or use a new --out."
                 )
         result = self.drafter.load_state_dict(state["drafter"], strict=False)
         if result.unexpected_keys:
