@@ -800,6 +800,48 @@ def test_remapping_the_draft_vocab_keeps_learned_rows_and_starts_new_ones_from_t
     assert torch.equal(new.confidence_head.proj.weight, drafter.confidence_head.proj.weight)
 
 
+def test_remapping_carries_new_rows_over_by_the_map_the_kept_rows_fit(tiny):
+    """A trained drafter's rows are not the target's: new tokens start from the target's rows mapped the way the
+    kept tokens' rows moved. With trained rows an exact affine image of the target's, new rows are that image too."""
+    from hf_dspark.training.trainer import build_drafter, remap_draft_vocab
+
+    model, tok = tiny
+    h = model.config.hidden_size
+    old_ids, new_ids = torch.arange(0, 200), torch.arange(50, 256)  # 150 tokens kept (h + 1 = 65 unknowns), 56 new
+    drafter = build_drafter(model, tok, draft_token_ids=old_ids, markov_rank=16, target_layer_ids=[1, 3])
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(h, h, generator=gen) / h**0.5, torch.randn(h, generator=gen)
+    source = model.lm_head.weight.detach().float()  # [V, h]
+    with torch.no_grad():
+        drafter.lm_head.weight.copy_(source[old_ids] @ a + b)
+    new = remap_draft_vocab(drafter, model, new_ids)
+    assert torch.equal(new.lm_head.weight[:150], drafter.lm_head.weight[50:])  # kept rows bit for bit
+    torch.testing.assert_close(new.lm_head.weight[150:], source[200:] @ a + b, rtol=1e-2, atol=1e-2)
+    assert not torch.allclose(new.lm_head.weight[150:], source[200:], atol=0.1)  # not the raw target rows
+
+
+def test_train_with_a_larger_vocabulary_beside_init_keeps_every_token_of_the_drafter(tiny, data_dir, tmp_path):
+    """`train --init D --draft-vocab-size N`, N >= D's own size: all of D's tokens stay (with their trained rows) and
+    the data's most frequent others fill the rest."""
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.training.trainer import build_drafter, choose_draft_vocab
+
+    model, tok = tiny
+    target = tmp_path / "tiny-llama-0-6"  # the name the data was made with (its manifest's target id)
+    model.save_pretrained(target), tok.save_pretrained(target)
+    top, _ = choose_draft_vocab(TokenDataset(data_dir, model, tok), 10, model.config.vocab_size)
+    own = torch.tensor([t for t in range(model.config.vocab_size) if t not in top.tolist()][-20:])  # rarely if ever seen
+    build_drafter(model, tok, draft_token_ids=own, markov_rank=8, target_layer_ids=[1, 3]).save_pretrained(tmp_path / "init")
+    parser = argparse.ArgumentParser()
+    add_subcommands(parser.add_subparsers(dest="cmd"))
+    args = parser.parse_args(["train", "--data", str(data_dir), "--out", str(tmp_path / "o"), "--target", str(target),
+                              "--dtype", "float32", "--init", str(tmp_path / "init"), "--draft-vocab-size", "30",
+                              "--max-steps", "1", "--eval-sequences", "0", "--eval-every", "0", "--no-progress"])
+    args.func(args)
+    grown = DSparkDrafter.from_pretrained(str(tmp_path / "o" / "drafter")).draft_target_ids()
+    assert grown.numel() == 30 and set(own.tolist()) | set(top.tolist()) <= set(grown.tolist())
+
+
 def _trained_drafter(model, tok):
     """A small vanilla drafter with perturbed ("trained") weights, to grow."""
     from hf_dspark.training.trainer import build_drafter

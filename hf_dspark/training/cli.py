@@ -277,16 +277,19 @@ def _train(args) -> int:
     if args.draft_vocab_size is not None and args.draft_vocab_size <= 0:
         raise SystemExit(f"--draft-vocab-size {args.draft_vocab_size} must be a positive number of tokens (e.g. 8192); "
                          "leave it out for the target's full vocabulary.")
+    # fp32 master weights whatever the target's dtype (bf16 weights lose every AdamW update below their resolution)
+    drafter = DSparkDrafter.from_pretrained(args.init, target=model, dtype=torch.float32) if args.init else None
     if args.draft_vocab_size:
         vocab = model.config.get_text_config().vocab_size
         eos = model.generation_config.eos_token_id
         always = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
-        draft_ids, coverage = choose_draft_vocab(data, args.draft_vocab_size, vocab, always)
-        print(f"[train] draft vocabulary: the {draft_ids.numel()} most frequent response tokens of the data cover "
-              f"{100 * coverage:.2f}% of its response tokens (of {vocab} target tokens)")
-    if args.init:
-        # fp32 master weights whatever the target's dtype (bf16 weights lose every AdamW update below their resolution)
-        drafter = DSparkDrafter.from_pretrained(args.init, target=model, dtype=torch.float32)
+        own = drafter.draft_target_ids() if drafter is not None else None
+        growing = own is not None and args.draft_vocab_size >= own.numel()  # the --init drafter keeps all its tokens
+        draft_ids, coverage = choose_draft_vocab(data, args.draft_vocab_size, vocab, own.cpu().tolist() if growing else always)
+        chosen = f"its {own.numel()} tokens and the data's most frequent others" if growing else "the most frequent response tokens of the data"
+        print(f"[train] draft vocabulary: {draft_ids.numel()} tokens, {chosen}, cover {100 * coverage:.2f}% of the "
+              f"data's response tokens (of {vocab} target tokens)")
+    if drafter is not None:
         if drafter.calibration is not None:  # training moves the confidence head: the old temperatures no longer fit
             drafter.calibration = None
             print("[train] dropping the --init drafter's calibration.json; run `hf-dspark calibrate` on the result")
@@ -295,7 +298,8 @@ def _train(args) -> int:
             shared = draft_ids.numel() if old is None else int(torch.isin(draft_ids, old.cpu()).sum())
             drafter = remap_draft_vocab(drafter, model, draft_ids)
             print(f"[train] --init drafter remapped to the new draft vocabulary: {shared} of its {draft_ids.numel()} "
-                  "tokens keep their trained rows, the rest start from the target's lm_head")
+                  "tokens keep their trained rows, the rest start from the target's lm_head rows mapped onto the "
+                  "trained ones (trainer.remap_draft_vocab)")
         if any(v is not None for v in grow.values()):
             shape = lambda c: f"{c.num_hidden_layers} layers, {c.markov_head_type} Markov head of rank {c.markov_rank}"  # noqa: E731
             before = shape(drafter.config)
@@ -461,7 +465,8 @@ def _add_train(sub) -> None:
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--draft-vocab-size", type=int, default=None,
                    help="draft over the N most frequent response tokens of the data (speculators' reduced vocabulary; "
-                   "the coverage is printed); default: the target's full vocabulary")
+                   "the coverage is printed); with --init, at least its own size keeps its tokens and adds the data's "
+                   "most frequent others; default: the target's full vocabulary (or --init's)")
     p.add_argument("--random-init", action="store_const", const=True, default=None,
                    help="random drafter layers (default: start from the target's last layers, fc = identity on the last tap)")
     p.add_argument("--kl-weight", type=float, default=1.0, help="KL(target || draft) distillation loss")

@@ -285,11 +285,30 @@ def choose_draft_vocab(dataset: TokenDataset, size: int, vocab_size: int, always
     return ids, float(counts[ids].sum()) / max(1, int(counts.sum()))
 
 
+def fit_head_map(source: torch.Tensor, trained: torch.Tensor, ridge: float = 1e-4) -> torch.Tensor:
+    """source [K, H] (the target's lm_head rows of K tokens), trained [K, H'] (a trained drafter's rows of the same
+    tokens) -> [H + 1, H'] the affine map that best takes one to the other (least squares, trained ~ [source, 1] @ map,
+    with a ridge of `ridge` x the mean diagonal of the normal equations)."""
+    a = torch.cat([source, source.new_ones(source.shape[0], 1)], dim=1)  # [K, H + 1]
+    gram = a.T @ a  # [H + 1, H + 1]
+    return torch.linalg.solve(gram + ridge * gram.diagonal().mean() * torch.eye(a.shape[1], dtype=a.dtype), a.T @ trained)
+
+
+def apply_head_map(source: torch.Tensor, head_map: torch.Tensor) -> torch.Tensor:
+    """source [N, H] -> [N, H'] through `fit_head_map`'s affine map."""
+    return torch.cat([source, source.new_ones(source.shape[0], 1)], dim=1) @ head_map
+
+
 @torch.no_grad()
 def remap_draft_vocab(drafter: DSparkDrafter, target: PreTrainedModel, draft_token_ids: torch.Tensor) -> DSparkDrafter:
     """A copy of a trained drafter that proposes `draft_token_ids` [D'] instead: tokens it already had keep their
-    lm_head and Markov-bias rows; new ones start as a fresh drafter's do (the target's lm_head rows, no Markov bias).
-    Everything else (layers, fc, norms, the confidence head, the Markov head's input side) is kept."""
+    lm_head and Markov-bias rows; new ones get no Markov bias and lm_head rows from the target's, carried over by the
+    affine map that best takes the kept tokens' target rows to their trained rows (`fit_head_map`; the target's rows
+    as they are when fewer than H + 1 tokens are kept). A trained drafter's hidden states have moved away from the
+    target's output space (its rows keep a median cosine of ~0.8 to the target's), so raw target rows score new
+    tokens wrongly: SmolLM2's drafter grown from 16,384 to 32,768 tokens read held-out replayed tau 2.63 with raw rows,
+    3.27 with mapped ones, against 3.32 before growing (`bench_results/s61/`). Everything else (layers, fc, norms, the
+    confidence head, the Markov head's input side) is kept."""
     cfg = DSparkConfig.from_dict({**drafter.config.to_dict(), "draft_vocab_size": int(draft_token_ids.numel())})
     new = DSparkDrafter(cfg).float()
     new.set_draft_vocab(draft_token_ids)
@@ -299,13 +318,16 @@ def remap_draft_vocab(drafter: DSparkDrafter, target: PreTrainedModel, draft_tok
     state = {k: v for k, v in drafter.state_dict().items() if not k.startswith(("lm_head.", "markov_head.markov_w2.", "d2t", "t2d"))}
     _, unexpected = new.load_state_dict(state, strict=False)  # same config but D: every other tensor fits
     assert not unexpected, unexpected
-    new.lm_head.weight.copy_(target_head_rows(new, target).float())
+    source = target_head_rows(new, target).float().cpu()  # [D', H] the target's rows of the new vocabulary
+    new.lm_head.weight.copy_(source)
     where = torch.full((cfg.vocab_size,), -1, dtype=torch.long)
     where[old_ids] = torch.arange(old_ids.numel())
     old_row = where[new_ids]  # [D'] the old draft id of each new one, -1 where new
     kept = old_row >= 0
     rows = old_row[kept].to(drafter.lm_head.weight.device)  # the trained drafter may sit on the GPU, `new` on the CPU
     new.lm_head.weight[kept] = drafter.lm_head.weight[rows].float().cpu()
+    if int(kept.sum()) > source.shape[1] and not kept.all():  # enough kept rows for the map's H + 1 unknowns
+        new.lm_head.weight[~kept] = apply_head_map(source[~kept], fit_head_map(source[kept], new.lm_head.weight[kept]))
     if cfg.markov_rank:
         new.markov_head.markov_w2.weight.zero_()
         new.markov_head.markov_w2.weight[kept] = drafter.markov_head.markov_w2.weight[rows].float().cpu()
