@@ -289,14 +289,18 @@ def fit_head_map(source: torch.Tensor, trained: torch.Tensor, ridge: float = 1e-
     """source [K, H] (the target's lm_head rows of K tokens), trained [K, H'] (a trained drafter's rows of the same
     tokens) -> [H + 1, H'] the affine map that best takes one to the other (least squares, trained ~ [source, 1] @ map,
     with a ridge of `ridge` x the mean diagonal of the normal equations)."""
-    a = torch.cat([source, source.new_ones(source.shape[0], 1)], dim=1)  # [K, H + 1]
+    a = _with_ones_column(source)  # [K, H + 1]
     gram = a.T @ a  # [H + 1, H + 1]
     return torch.linalg.solve(gram + ridge * gram.diagonal().mean() * torch.eye(a.shape[1], dtype=a.dtype), a.T @ trained)
 
 
 def apply_head_map(source: torch.Tensor, head_map: torch.Tensor) -> torch.Tensor:
     """source [N, H] -> [N, H'] through `fit_head_map`'s affine map."""
-    return torch.cat([source, source.new_ones(source.shape[0], 1)], dim=1) @ head_map
+    return _with_ones_column(source) @ head_map
+
+
+def _with_ones_column(x: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, H + 1]: the affine map's inputs
+    return torch.cat([x, x.new_ones(x.shape[0], 1)], dim=1)
 
 
 @torch.no_grad()
