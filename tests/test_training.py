@@ -620,7 +620,7 @@ def test_train_refuses_shape_options_beside_init_by_name(tmp_path):
     add_subcommands(parser.add_subparsers(dest="cmd"))
     args = parser.parse_args(["train", "--data", str(tmp_path), "--out", str(tmp_path / "o"), "--init", str(tmp_path),
                               "--block-size", "5", "--dflash"])
-    with pytest.raises(SystemExit, match="--dflash, --block-size describe a new drafter's shape; --init"):
+    with pytest.raises(SystemExit, match="--block-size describes a new drafter's shape; --init"):
         args.func(args)
 
 
@@ -840,6 +840,29 @@ def test_train_with_a_larger_vocabulary_beside_init_keeps_every_token_of_the_dra
     args.func(args)
     grown = DSparkDrafter.from_pretrained(str(tmp_path / "o" / "drafter")).draft_target_ids()
     assert grown.numel() == 30 and set(own.tolist()) | set(top.tolist()) <= set(grown.tolist())
+
+
+def test_train_continues_a_dflash_drafter_with_dflash_and_refuses_it_beside_a_markov_head(tiny, data_dir, tmp_path):
+    """`train --init D --dflash`: the DFlash twin's command is its DSpark twin's plus --dflash, also when continuing;
+    beside a drafter that has a Markov head, --dflash is refused by name (it cannot drop a trained head)."""
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.training.trainer import build_drafter
+
+    model, tok = tiny
+    target = tmp_path / "tiny-llama-0-6"  # the name the data was made with (its manifest's target id)
+    model.save_pretrained(target), tok.save_pretrained(target)
+    parser = argparse.ArgumentParser()
+    add_subcommands(parser.add_subparsers(dest="cmd"))
+    for rank in (0, 8):
+        build_drafter(model, tok, markov_rank=rank, target_layer_ids=[1, 3]).save_pretrained(tmp_path / f"init{rank}")
+    common = ["train", "--data", str(data_dir), "--target", str(target), "--dtype", "float32", "--dflash",
+              "--max-steps", "1", "--eval-sequences", "0", "--eval-every", "0", "--no-progress"]
+    args = parser.parse_args(common + ["--init", str(tmp_path / "init0"), "--out", str(tmp_path / "o0")])
+    args.func(args)
+    assert DSparkDrafter.from_pretrained(str(tmp_path / "o0" / "drafter")).config.markov_rank == 0
+    args = parser.parse_args(common + ["--init", str(tmp_path / "init8"), "--out", str(tmp_path / "o8")])
+    with pytest.raises(SystemExit, match=r"--dflash trains a drafter without a Markov head, and --init .*init8 has one"):
+        args.func(args)
 
 
 def _trained_drafter(model, tok):

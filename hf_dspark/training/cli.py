@@ -253,10 +253,14 @@ def _train(args) -> int:
     )
 
     growable = ("layers", "markov_rank", "markov_head_type")  # with --init: grow that drafter (trainer.grow_drafter)
-    if args.init and (shaped := _options_given(args, [k for k in _SHAPE_DEFAULTS if k not in growable])):
-        raise SystemExit(f"{', '.join(shaped)} describe a new drafter's shape; --init {args.init} already has one. Leave "
-                         "them out to continue that drafter (its config says its shape), or drop --init for a new one. "
-                         "(--layers, --markov-rank and --markov-head-type gated beside --init grow it.)")
+    # with --init, --dflash only says the drafter has no Markov head (checked once it is loaded), so a DFlash twin
+    # continues with the same command as its DSpark twin plus --dflash
+    if args.init and (shaped := _options_given(args, [k for k in _SHAPE_DEFAULTS if k not in growable + ("dflash",)])):
+        several = len(shaped) > 1
+        raise SystemExit(f"{', '.join(shaped)} {'describe' if several else 'describes'} a new drafter's shape; --init "
+                         f"{args.init} already has one. Leave {'them' if several else 'it'} out to continue that drafter "
+                         "(its config says its shape), or drop --init for a new one. (--layers, --markov-rank and "
+                         "--markov-head-type gated beside --init grow it.)")
     if args.dflash and (markov := _options_given(args, ["markov_rank", "markov_head_type"])):
         several = len(markov) > 1
         raise SystemExit(f"{', '.join(markov)} {'describe' if several else 'describes'} a Markov head, and --dflash trains "
@@ -279,6 +283,10 @@ def _train(args) -> int:
                          "leave it out for the target's full vocabulary.")
     # fp32 master weights whatever the target's dtype (bf16 weights lose every AdamW update below their resolution)
     drafter = DSparkDrafter.from_pretrained(args.init, target=model, dtype=torch.float32) if args.init else None
+    if drafter is not None and args.dflash and drafter.config.markov_rank:
+        raise SystemExit(f"--dflash trains a drafter without a Markov head, and --init {args.init} has one (rank "
+                         f"{drafter.config.markov_rank}). Drop --dflash to continue it as DSpark, or --init for a fresh "
+                         "DFlash twin.")
     if args.draft_vocab_size:
         vocab = model.config.get_text_config().vocab_size
         eos = model.generation_config.eos_token_id
@@ -449,7 +457,8 @@ def _add_train(sub) -> None:
     _add_target(p)
     p.add_argument("--init", default=None, help="start from this drafter folder instead of a fresh drafter")
     p.add_argument("--dflash", action="store_const", const=True, default=None,
-                   help="the DFlash twin: markov_rank 0, no confidence head, the same distillation loss")
+                   help="the DFlash twin: markov_rank 0, no confidence head, the same distillation loss; with --init, "
+                        "continues a drafter that has no Markov head")
     p.add_argument("--layers", type=int, default=None,
                    help="drafter decoder layers (default 1); with --init, more than its own adds layers that start as no-ops")
     p.add_argument("--block-size", type=int, default=None, help="drafts per block (default 7)")
