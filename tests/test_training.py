@@ -820,6 +820,14 @@ def test_remapping_carries_new_rows_over_by_the_map_the_kept_rows_fit(tiny):
     assert not torch.allclose(new.lm_head.weight[150:], source[200:], atol=0.1)  # not the raw target rows
 
 
+def _saved_tiny_target(tiny, tmp_path):
+    """The tiny target saved as a folder for `train --target`, named as the data was made with (its manifest's target id)."""
+    model, tok = tiny
+    target = tmp_path / "tiny-llama-0-6"
+    model.save_pretrained(target), tok.save_pretrained(target)
+    return target
+
+
 def test_train_with_a_larger_vocabulary_beside_init_keeps_every_token_of_the_drafter(tiny, data_dir, tmp_path):
     """`train --init D --draft-vocab-size N`, N >= D's own size: all of D's tokens stay (with their trained rows) and
     the data's most frequent others fill the rest."""
@@ -827,8 +835,7 @@ def test_train_with_a_larger_vocabulary_beside_init_keeps_every_token_of_the_dra
     from hf_dspark.training.trainer import build_drafter, choose_draft_vocab
 
     model, tok = tiny
-    target = tmp_path / "tiny-llama-0-6"  # the name the data was made with (its manifest's target id)
-    model.save_pretrained(target), tok.save_pretrained(target)
+    target = _saved_tiny_target(tiny, tmp_path)
     top, _ = choose_draft_vocab(TokenDataset(data_dir, model, tok), 10, model.config.vocab_size)
     own = torch.tensor([t for t in range(model.config.vocab_size) if t not in top.tolist()][-20:])  # rarely if ever seen
     build_drafter(model, tok, draft_token_ids=own, markov_rank=8, target_layer_ids=[1, 3]).save_pretrained(tmp_path / "init")
@@ -849,8 +856,7 @@ def test_train_continues_a_dflash_drafter_with_dflash_and_refuses_it_beside_a_ma
     from hf_dspark.training.trainer import build_drafter
 
     model, tok = tiny
-    target = tmp_path / "tiny-llama-0-6"  # the name the data was made with (its manifest's target id)
-    model.save_pretrained(target), tok.save_pretrained(target)
+    target = _saved_tiny_target(tiny, tmp_path)
     parser = argparse.ArgumentParser()
     add_subcommands(parser.add_subparsers(dest="cmd"))
     for rank in (0, 8):

@@ -256,15 +256,14 @@ def _train(args) -> int:
     # with --init, --dflash only says the drafter has no Markov head (checked once it is loaded), so a DFlash twin
     # continues with the same command as its DSpark twin plus --dflash
     if args.init and (shaped := _options_given(args, [k for k in _SHAPE_DEFAULTS if k not in growable + ("dflash",)])):
-        several = len(shaped) > 1
-        raise SystemExit(f"{', '.join(shaped)} {'describe' if several else 'describes'} a new drafter's shape; --init "
-                         f"{args.init} already has one. Leave {'them' if several else 'it'} out to continue that drafter "
-                         "(its config says its shape), or drop --init for a new one. (--layers, --markov-rank and "
-                         "--markov-head-type gated beside --init grow it.)")
+        describe, them = _agreeing(shaped, "describe", "them")
+        raise SystemExit(f"{', '.join(shaped)} {describe} a new drafter's shape; --init {args.init} already has one. "
+                         f"Leave {them} out to continue that drafter (its config says its shape), or drop --init for a "
+                         "new one. (--layers, --markov-rank and --markov-head-type gated beside --init grow it.)")
     if args.dflash and (markov := _options_given(args, ["markov_rank", "markov_head_type"])):
-        several = len(markov) > 1
-        raise SystemExit(f"{', '.join(markov)} {'describe' if several else 'describes'} a Markov head, and --dflash trains "
-                         f"a drafter without one. Drop {'them' if several else 'it'} for the DFlash twin, or --dflash for DSpark.")
+        describe, them = _agreeing(markov, "describe", "them")
+        raise SystemExit(f"{', '.join(markov)} {describe} a Markov head, and --dflash trains a drafter without one. "
+                         f"Drop {them} for the DFlash twin, or --dflash for DSpark.")
     grow = {k: getattr(args, k) for k in growable} if args.init else {}
     for k, v in _SHAPE_DEFAULTS.items():
         setattr(args, k, v if getattr(args, k) is None else getattr(args, k))
@@ -437,6 +436,11 @@ def _int_list(text: str) -> list[int]:
 def _options_given(args, names: list[str]) -> list[str]:
     """The command-line spellings (--markov-rank) of the options among `names` (args attributes) that were given."""
     return [f"--{k.replace('_', '-')}" for k in names if getattr(args, k) is not None]
+
+
+def _agreeing(options: list[str], verb: str, pronoun: str) -> tuple[str, str]:
+    """The verb and pronoun ("describe", "them") as they agree with one option ("describes", "it") or several."""
+    return (verb, pronoun) if len(options) > 1 else (verb + "s", "it")
 
 
 # A new drafter's shape (None on the command line = not given; refused with --init, which brings its own).
