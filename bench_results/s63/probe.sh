@@ -1,6 +1,6 @@
 #!/bin/bash
-# held-out tau_tf / replayed / soft acceptance (sum min(p, q) at T = 1) on 64 of session 60's greedy answers (S7 never
-# trained on them), no training step
+# held-out tau_tf / replayed / soft acceptance (sum min(p, q) at T = 1) on the last 64 sequences of DATA (default:
+# session 60's greedy answers, which S7 never trained on), no training step; TAG names the probe directories
 cd /work/main
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
 R=/work/runs/s63; H=.venv/bin/hf-dspark
