@@ -103,6 +103,31 @@ def test_ce_against_the_target_argmax_ignores_the_data_token():
         LossWeights(ce_label="argmax")
 
 
+def test_accept_loss_is_one_minus_the_block_prefix_probability_of_the_greedy_labels():
+    ln3 = math.log(3.0)
+    # two blocks of three slots; the second block's last slot is past its valid prefix
+    draft = torch.tensor([[[ln3, 0.0], [0.0, ln3], [0.0, 0.0]], [[0.0, 0.0], [ln3, 0.0], [9.0, 0.0]]])
+    target = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], [[0.0, 1.0], [1.0, 0.0], [1.0, 0.0]]])  # argmax
+    valid = torch.tensor([[True, True, True], [True, True, False]])
+    data = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    w = LossWeights(ce=0.0, bce=0.0, kl=0.0, accept=1.0, ce_label="target")
+    out = _slots(draft.clone().requires_grad_(), target, data, valid, None, w)
+    # q of the argmax: .75, .75, .5 then .5, .75: prefix products .75, .5625, .28125, .5, .375
+    expected = 1 - (0.75 + 0.5625 + 0.28125 + 0.5 + 0.375) / 5
+    assert out["acc"].item() == pytest.approx(expected, abs=1e-6)
+    assert out["loss"].item() == pytest.approx(expected, abs=1e-6)
+    assert w.needs_target
+    # on the data's tokens without a target: an undraftable label (-1) ends its block's prefix
+    undraftable = torch.tensor([[1, -1, 1], [0, 0, 0]])
+    out2 = _slots(draft, None, undraftable, valid, None, LossWeights(ce=0.0, bce=0.0, kl=0.0, accept=1.0))
+    # q of the data's token: .25, 0 (undraftable), .5 then .5, .75
+    assert out2["acc"].item() == pytest.approx(1 - (0.25 + 0.0 + 0.0 + 0.5 + 0.375) / 5, abs=1e-6)
+    # the gradient vanishes at slots after a draft that cannot be accepted (its log q is floored at -60)
+    d = draft.clone().requires_grad_()
+    _slots(d, None, undraftable, valid, None, LossWeights(ce=0.0, bce=0.0, kl=0.0, accept=1.0))["loss"].backward()
+    assert d.grad[0, 2].abs().sum() < 1e-20 and d.grad[0, 0].abs().sum() > 0.01
+
+
 def test_sparse_target_keeps_the_top_k_and_l1_counts_the_draft_mass_outside_it():
     target = torch.tensor([[[5.0, 4.0, -30.0, -30.0]]])  # mass outside the top 2 is ~1e-15
     draft = torch.tensor([[[0.0, 0.0, 0.0, 0.0]]])  # q uniform: 0.5 of its mass outside the target's top 2

@@ -336,7 +336,8 @@ def _train(args) -> int:
         weights = LossWeights.dflash() if dflash else LossWeights.paper()
     else:
         weights = LossWeights(
-            args.ce_weight, args.l1_weight, 0.0 if dflash else args.bce_weight, args.decay, args.kl_weight, args.ce_label
+            args.ce_weight, args.l1_weight, 0.0 if dflash else args.bce_weight, args.decay, args.kl_weight, args.ce_label,
+            args.accept_weight,
         )
     cfg = TrainConfig(
         **_loop_config(args),
@@ -487,6 +488,9 @@ def _add_train(sub) -> None:
     p.add_argument("--ce-label", choices=["data", "target"], default="data",
                    help="the cross-entropy's label: the data's next token (greedy self-distilled data: the target's "
                    "greedy token) or the target's argmax there (sampled answers or text as written)")
+    p.add_argument("--accept-weight", type=float, default=0.0,
+                   help="1 - the draft's probability of its block's greedy labels up to each slot (--ce-label picks "
+                   "them): the expected accepted drafts that greedy decoding rewards")
     p.add_argument("--l1-weight", type=float, default=0.0, help="L1 between the two distributions (the paper's 0.9)")
     p.add_argument("--bce-weight", type=float, default=1.0, help="confidence head BCE against 1 - TV")
     p.add_argument("--paper-losses", action="store_true", help="the paper's mix 0.1 CE + 0.9 L1 + 1.0 BCE (DFlash: CE only)")

@@ -11,6 +11,11 @@ Per supervised slot k (0-based position in the block), with position weight w_k 
   L1   sum_v |q_v - p_v| = sum_j |q_j - p_j| + (1 - sum_j q_j)  (p is 0 outside its top-k; full L1 = 2 * TV)
   BCE  binary cross-entropy of the confidence logit against c*_k = sum_v min(q_v, p_v) = 1 - TV (detached soft label)
 Each term is a weighted mean over the valid slots: sum(w * l * valid) / sum(w * valid).
+  ACC  1 - P_k, where P_k = prod_{j<=k} q_j(y_j) is the draft's probability of proposing the greedy labels y (the
+       target's argmax with a target, else the data's token) at every slot of its block up to k: a block's sum of P_k
+       is its expected number of accepted greedy drafts, so this term's mean over the valid slots (no position
+       weights) is what greedy decoding rewards. Its gradient is the CE's with a weight per slot that is the expected
+       number of drafts accepted from that slot on: no gradient where an earlier draft of the block already failed.
 The draft's log-sum-exp, the gathered logits and the argmax come from one pass over [slots, D] in row chunks that
 stay in cache (`draft_log_softmax_at`), forward and backward: the unfused ops (an fp32 copy, max, sub, exp, sum,
 and in the backward exp, mul, a zero-filled scatter, add, the cast back) took ~44% of a CPU step on cached states.
@@ -35,6 +40,7 @@ class LossWeights:
     decay: float = 4.0  # w_k = exp(-k / decay); 0 or inf = uniform
     kl: float = 1.0
     ce_label: str = "data"  # CE against "data" (the data's next token) or "target" (the target's argmax there)
+    accept: float = 0.0  # ACC: 1 - the draft's probability of the block's greedy labels up to each slot
 
     def __post_init__(self):
         if self.ce_label not in ("data", "target"):
@@ -53,7 +59,7 @@ class LossWeights:
     @property
     def needs_target(self) -> bool:
         """Whether the losses read the target's distribution (KL, L1, the BCE's soft label or the CE's target label)."""
-        return bool(self.kl or self.l1 or self.bce or (self.ce and self.ce_label == "target"))
+        return bool(self.kl or self.l1 or self.bce or ((self.ce or self.accept) and self.ce_label == "target"))
 
 
 def position_weights(block_size: int, decay: float, device=None) -> torch.Tensor:
@@ -62,6 +68,17 @@ def position_weights(block_size: int, decay: float, device=None) -> torch.Tensor
     if not decay or math.isinf(decay):
         return torch.ones_like(k)
     return torch.exp(-k / decay)
+
+
+def block_prefix_probability(logq: torch.Tensor, slot: torch.Tensor, block_size: int) -> torch.Tensor:
+    """log q of each slot's label [S] -> P_k = prod_{j<=k} q_j over its block [S] (fp32).
+
+    Slots come block by block, each block's valid slots a prefix starting at position 0 (as `valid.nonzero` gives
+    them), so a block starts wherever `slot` is 0."""
+    block = torch.cumsum(slot == 0, 0) - 1  # [S] the block of each slot
+    dense = logq.new_zeros(int(block[-1]) + 1, block_size) if slot.numel() else logq.new_zeros(0, block_size)
+    dense = dense.index_put((block, slot), logq.clamp_min(-60.0))  # [blocks, B], log 1 past each valid prefix
+    return dense.cumsum(1)[block, slot].exp()
 
 
 def sparse_target(logits: torch.Tensor, k: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,7 +139,7 @@ def dspark_losses(
     weights: LossWeights,
     block_size: int,
 ) -> dict[str, torch.Tensor]:
-    """Returns {"loss", "ce", "l1", "kl", "bce", "soft_accept", "greedy_match", "match"}: the losses, then detached
+    """Returns {"loss", "ce", "l1", "kl", "bce", "acc", "soft_accept", "greedy_match", "match"}: the losses, then detached
     statistics (mean c*_k, the rate at which the draft's argmax is the target's (or the label's), and that per slot)."""
     w = position_weights(block_size, weights.decay, draft_logits.device)[slot]  # [S]
     denom = w.sum().clamp_min(1e-8)
@@ -131,15 +148,18 @@ def dspark_losses(
     if weights.ce_label == "target" and target is not None:
         # the target's argmax over the draft vocabulary (the greedy label on sampled data too), already column 0
         labels, label_col = ids[:, 0], 0
-    elif weights.ce and target is not None:
+    elif (weights.ce or weights.accept) and target is not None:
         ids = torch.cat([ids, labels.clamp_min(0)[:, None]], dim=-1)  # the label's logit rides along as column k
     lse, at, top = draft_log_softmax_at(draft_logits, ids)  # [S], [S, k(+1)], [S]
     zero = lse.new_zeros(())
-    out = {"ce": zero, "l1": zero, "bce": zero, "kl": zero, "soft_accept": zero}
+    out = {"ce": zero, "l1": zero, "bce": zero, "kl": zero, "acc": zero, "soft_accept": zero}
     if weights.ce:
         ce = lse - at[:, label_col]
         w_ce = w * (labels >= 0)
         out["ce"] = (ce * w_ce).sum() / w_ce.sum().clamp_min(1e-8)
+    if weights.accept and slot.numel():
+        logq_label = torch.where(labels >= 0, at[:, label_col] - lse, torch.full_like(lse, -math.inf))  # [S]
+        out["acc"] = 1.0 - block_prefix_probability(logq_label, slot, block_size).mean()
     reference = labels
     if p is not None:
         logq = at[:, : p.shape[-1]] - lse[:, None]  # [S, k]
@@ -156,7 +176,10 @@ def dspark_losses(
             out["bce"] = (bce * w).sum() / denom
         out["soft_accept"] = soft.mean() if soft.numel() else zero
         reference = ids[:, 0]
-    out["loss"] = weights.ce * out["ce"] + weights.l1 * out["l1"] + weights.bce * out["bce"] + weights.kl * out["kl"]
+    out["loss"] = (
+        weights.ce * out["ce"] + weights.l1 * out["l1"] + weights.bce * out["bce"] + weights.kl * out["kl"]
+        + weights.accept * out["acc"]
+    )
     out["match"] = top == reference  # [S]
     out["greedy_match"] = out["match"].float().mean() if slot.numel() else zero
     return out

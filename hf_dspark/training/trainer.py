@@ -578,6 +578,7 @@ class Trainer:
             "l1": float(out["l1"].detach()),
             "kl": float(out["kl"].detach()),
             "bce": float(out["bce"].detach()),
+            "acc": float(out["acc"].detach()),
             "accept": float(out["soft_accept"]),
             "match": float(out["greedy_match"]),
             "tau_tf": expected_tau(match, valid),
