@@ -10,12 +10,13 @@ Per supervised slot k (0-based position in the block), with position weight w_k 
   CE   cross-entropy of the draft logits against the data's next token (labels the drafter cannot propose: -1, left out)
   L1   sum_v |q_v - p_v| = sum_j |q_j - p_j| + (1 - sum_j q_j)  (p is 0 outside its top-k; full L1 = 2 * TV)
   BCE  binary cross-entropy of the confidence logit against c*_k = sum_v min(q_v, p_v) = 1 - TV (detached soft label)
-Each term is a weighted mean over the valid slots: sum(w * l * valid) / sum(w * valid).
   ACC  1 - P_k, where P_k = prod_{j<=k} q_j(y_j) is the draft's probability of proposing the greedy labels y (the
-       target's argmax with a target, else the data's token) at every slot of its block up to k: a block's sum of P_k
-       is its expected number of accepted greedy drafts, so this term's mean over the valid slots (no position
-       weights) is what greedy decoding rewards. Its gradient is the CE's with a weight per slot that is the expected
-       number of drafts accepted from that slot on: no gradient where an earlier draft of the block already failed.
+       CE's labels: the data's tokens, or the target's argmax with ce_label "target") at every slot of its block up
+       to k: a block's sum of P_k is its expected number of accepted greedy drafts, so this term's mean over the
+       valid slots (no position weights) is what greedy decoding rewards. Its gradient is the CE's with a weight per
+       slot that is the expected number of drafts accepted from that slot on: no gradient where an earlier draft of
+       the block already failed.
+Each term but ACC is a weighted mean over the valid slots: sum(w * l * valid) / sum(w * valid).
 The draft's log-sum-exp, the gathered logits and the argmax come from one pass over [slots, D] in row chunks that
 stay in cache (`draft_log_softmax_at`), forward and backward: the unfused ops (an fp32 copy, max, sub, exp, sum,
 and in the backward exp, mul, a zero-filled scatter, add, the cast back) took ~44% of a CPU step on cached states.
@@ -58,7 +59,8 @@ class LossWeights:
 
     @property
     def needs_target(self) -> bool:
-        """Whether the losses read the target's distribution (KL, L1, the BCE's soft label or the CE's target label)."""
+        """Whether the losses read the target's distribution (KL, L1, the BCE's soft label, or the target label of
+        the CE or ACC)."""
         return bool(self.kl or self.l1 or self.bce or ((self.ce or self.accept) and self.ce_label == "target"))
 
 
@@ -139,8 +141,9 @@ def dspark_losses(
     weights: LossWeights,
     block_size: int,
 ) -> dict[str, torch.Tensor]:
-    """Returns {"loss", "ce", "l1", "kl", "bce", "acc", "soft_accept", "greedy_match", "match"}: the losses, then detached
-    statistics (mean c*_k, the rate at which the draft's argmax is the target's (or the label's), and that per slot)."""
+    """Returns {"loss", "ce", "l1", "kl", "bce", "acc", "soft_accept", "greedy_match", "match"}: the losses, then
+    detached statistics (mean c*_k, the rate at which the draft's argmax is the target's (or the label's), and that
+    per slot)."""
     w = position_weights(block_size, weights.decay, draft_logits.device)[slot]  # [S]
     denom = w.sum().clamp_min(1e-8)
     ids, p = target if target is not None else (labels.clamp_min(0)[:, None], None)  # [S, k]
@@ -153,13 +156,13 @@ def dspark_losses(
     lse, at, top = draft_log_softmax_at(draft_logits, ids)  # [S], [S, k(+1)], [S]
     zero = lse.new_zeros(())
     out = {"ce": zero, "l1": zero, "bce": zero, "kl": zero, "acc": zero, "soft_accept": zero}
+    logq_label = at[:, label_col] - lse  # [S] log q of the CE's (and ACC's) label
     if weights.ce:
-        ce = lse - at[:, label_col]
         w_ce = w * (labels >= 0)
-        out["ce"] = (ce * w_ce).sum() / w_ce.sum().clamp_min(1e-8)
+        out["ce"] = (-logq_label * w_ce).sum() / w_ce.sum().clamp_min(1e-8)
     if weights.accept and slot.numel():
-        logq_label = torch.where(labels >= 0, at[:, label_col] - lse, torch.full_like(lse, -math.inf))  # [S]
-        out["acc"] = 1.0 - block_prefix_probability(logq_label, slot, block_size).mean()
+        drafted = torch.where(labels >= 0, logq_label, torch.full_like(lse, -math.inf))  # an undraftable label: q = 0
+        out["acc"] = 1.0 - block_prefix_probability(drafted, slot, block_size).mean()
     reference = labels
     if p is not None:
         logq = at[:, : p.shape[-1]] - lse[:, None]  # [S, k]
